@@ -1,0 +1,15 @@
+"""kilnet: neural networks as dataflow graphs, compiled into plans of specialised OpenCL kernels."""
+from .errors import CheckpointError, CompileError, FeedError, GraphError, KilnetError, ShapeError
+from .graph import Graph, Value
+from .ops import activation, add_norm, batchnorm, concat, conv1d, dense, reshape, softmax
+from .ops.optimizers import SGD, Adam
+from .compiler import compile
+from .runtime.device import devices
+from .runtime.checkpoint import load
+from .compiler.symbolic import ACTIVATIONS
+
+__version__ = "0.1.0"
+__all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam",
+           "activation", "add_norm", "batchnorm", "concat", "conv1d", "dense", "reshape", "softmax",
+           "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError", "CheckpointError",
+           "ACTIVATIONS"]

@@ -1,0 +1,38 @@
+"""The compiler: graph -> plan (shapes, backward schedule, memory, renders, bindings) -> model."""
+from ..errors import CompileError, GraphError
+from ..graph import Graph
+from ..ops.optimizers import Optimizer
+from .lower import check_loss_spec, lower
+
+DTYPES = ("float32", "float64")
+
+
+def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=None, seed=0,
+            input_grads=False, debug_buffers=False, poison=False):
+    """Compile ``graph`` for ``batch`` samples into a runnable model.
+
+    optimizer: kn.SGD / kn.Adam, or None for a plan without updates.
+    loss: {output: "mse" | "cross_entropy" | "huber"} (or one kind for every output); without it
+        the plan is inference-only and reuses dead activation memory.
+    input_grads: also compute gradients with respect to graph inputs (``model.gradients``).
+    debug_buffers: give every buffer its own allocation (for Oclgrind), and one optimizer launch
+        per parameter; poison: fill every buffer a step must rewrite with NaN first.
+    """
+    from ..model import Model
+    if not isinstance(graph, Graph):
+        raise GraphError(f"compile: expected a kn.Graph, got {type(graph).__name__}")
+    if not graph.outputs:
+        raise GraphError(f"graph {graph.name!r} has no outputs; mark one with g.output(name, value)")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise CompileError(f"batch must be an int >= 1, got {batch!r}")
+    if dtype not in DTYPES:
+        raise CompileError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if optimizer is not None and not isinstance(optimizer, Optimizer):
+        raise CompileError(f"optimizer must be kn.SGD(...) or kn.Adam(...), got {optimizer!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise CompileError(f"seed must be an int, got {seed!r}")
+    loss = check_loss_spec(graph, loss)
+    if optimizer is not None and not loss:
+        raise CompileError("an optimizer needs a loss: pass loss={output: kind}")
+    plan = lower(graph, batch, dtype, loss, optimizer, bool(input_grads), bool(debug_buffers))
+    return Model(plan, device=device, seed=seed, poison=poison)

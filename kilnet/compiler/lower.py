@@ -1,0 +1,311 @@
+"""Lowering a graph to a plan: the forward and backward schedules, buffers, renders and bindings.
+
+The backward schedule walks the forward one in reverse. Each value's gradient has one storage
+(shared by views); the first contribution written to it overwrites, later ones add, so a value
+read by several consumers gets the sum without a zeroing pass. A node's backward runs only if its
+output received a gradient, and an input gradient is computed only where something upstream
+wants it (a parameter, or a graph input when ``input_grads`` is asked for).
+"""
+from ..errors import CompileError, GraphError
+from ..ops import get_op
+from ..ops.losses import check as check_loss, elementwise_loss
+from ..ops.softmax import cross_entropy
+from . import memory
+from .plan import Arg, Launch, Plan
+from .specialise import Specialiser
+
+
+def root(node):
+    """The node that owns the memory of ``node``'s output (views share their input's)."""
+    while get_op(node.op).is_view:
+        node = node.inputs[0]
+    return node
+
+
+class Context:
+    """What an op's lowering sees: names of the buffers it may use."""
+
+    def __init__(self, lowering, node, training):
+        self._l, self.node, self.training = lowering, node, training
+        self.batch, self.dtype = lowering.batch, lowering.dtype
+        self._dx, self._acc = {}, {}
+
+    def x(self, i):
+        return self._l.value_buffer(self.node.inputs[i])
+
+    @property
+    def y(self):
+        return self._l.value_buffer(self.node)
+
+    def p(self, name):
+        return self._l.param_buffer(self.node, name)
+
+    def dp(self, name):
+        self._l.grad_written.add(f"{self.node.name}.{name}.grad")
+        return f"{self.node.name}.{name}.grad"
+
+    def s(self, name):
+        return f"{self.node.name}.{name}"
+
+    def scratch(self, key, size):
+        return self._l.buffer(f"{self.node.name}.{key}", "scratch", size)
+
+    @property
+    def dy(self):
+        return self._l.grad_buffer(self.node)
+
+    def dx(self, i):
+        return self._dx.get(i)
+
+    def acc(self, i):
+        return self._acc.get(i, False)
+
+
+class Lowering:
+    def __init__(self, graph, batch, dtype, loss, optimizer, input_grads, debug_buffers):
+        self.graph, self.batch, self.dtype = graph, batch, dtype
+        self.loss, self.optimizer = loss, optimizer
+        self.input_grads, self.debug_buffers = input_grads, debug_buffers
+        self.buffers = {}
+        self.launches = []
+        self.spec = Specialiser(dtype)
+        self.grad_written = set()
+        self.params, self.state = {}, {}
+        self._node_params = {}
+
+    # -- buffers --------------------------------------------------------------------------
+    def buffer(self, name, role, size, shape=()):
+        b = self.buffers.get(name)
+        if b is None:
+            b = self.buffers[name] = memory.Buffer(name, role, size, tuple(shape))
+        elif b.size != size or b.role != role:
+            raise AssertionError(f"buffer {name} requested as {role}/{size}, planned {b.role}/{b.size}")
+        return name
+
+    def value_buffer(self, node):
+        r = root(node)
+        role = "input" if r.op == "input" else "activation"
+        return self.buffer(r.name, role, self.batch * r.size, (self.batch,) + r.shape)
+
+    def grad_buffer(self, node):
+        r = root(node)
+        return self.buffer(f"{r.name}.grad", "act_grad", self.batch * r.size, (self.batch,) + r.shape)
+
+    def param_buffer(self, node, name):
+        if name not in self._node_params.get(node.name, {}):
+            raise AssertionError(f"{node.name} has no parameter {name}")
+        return f"{node.name}.{name}"
+
+    def declare_params(self):
+        for node in self.graph.nodes:
+            op = get_op(node.op)
+            self._node_params[node.name] = {}
+            for p in op.params(node):
+                full = f"{node.name}.{p.name}"
+                self._node_params[node.name][p.name] = p
+                self.params[full] = p
+                self.buffer(full, "param", _size(p.shape), p.shape)
+                if self.loss:
+                    self.buffer(f"{full}.grad", "grad", _size(p.shape), p.shape)
+                for i in range(1, (self.optimizer.moments if self.optimizer else 0) + 1):
+                    self.buffer(f"{full}.m{i}", f"moment{i}", _size(p.shape), p.shape)
+            for s in op.state(node):
+                full = f"{node.name}.{s.name}"
+                self._node_params[node.name][s.name] = s
+                self.state[full] = s
+                self.buffer(full, "state", _size(s.shape), s.shape)
+
+    # -- launches -------------------------------------------------------------------------
+    def emit(self, node_name, phase, kernels, suffix=""):
+        for k in kernels:
+            name = f"{node_name}.{k.step}{suffix}"
+            base, n = name, 1
+            while any(launch.name == name for launch in self.launches):
+                n += 1
+                name = f"{base}.{n}"
+            kname = self.spec.kernel_for(name, k.template, k.consts, k.names)
+            args = []
+            for i, (pname, buf) in enumerate(zip(k.names, k.args)):
+                role = self.buffers[buf].role
+                args.append(Arg(2 * i, f"{pname}_arena", buf, role, role))
+                args.append(Arg(2 * i + 1, f"{pname}_off", buf, role, None))
+            self.launches.append(Launch(name, phase, kname, k.global_size, k.local_size, args,
+                                        node_name))
+
+    def forward(self):
+        training = bool(self.loss)
+        for node in self.graph.nodes:
+            op = get_op(node.op)
+            if node.op == "input":
+                self.value_buffer(node)
+                continue
+            if op.is_view:
+                continue
+            self.emit(node.name, "forward" if training else "infer",
+                      op.forward(node, Context(self, node, training)))
+            if training and getattr(op, "mode_dependent", False):
+                self.emit(node.name, "infer", op.forward(node, Context(self, node, False)),
+                          suffix="_infer")
+        for name, node in self.graph.outputs.items():
+            self.value_buffer(node)
+
+    def wants_grad(self):
+        wants = {}
+        for node in self.graph.nodes:
+            op = get_op(node.op)
+            if node.op == "input":
+                wants[node.name] = self.input_grads
+            elif op.is_view:
+                wants[node.name] = wants[node.inputs[0].name]
+            else:
+                wants[node.name] = bool(op.params(node)) or any(wants[i.name] for i in node.inputs)
+        return wants
+
+    def backward(self):
+        wants = self.wants_grad()
+        written = set()          # gradient storages (by root name) that hold a contribution
+
+        def contribute(ctx, i, inp):
+            if wants[inp.name]:
+                r = root(inp).name
+                ctx._dx[i] = self.grad_buffer(inp)
+                ctx._acc[i] = r in written
+                written.add(r)
+
+        self.loss_parts = []
+        self.targets = {}
+        for out_name, kind in self.loss.items():
+            node = self.graph.outputs[out_name]
+            target = self.buffer(f"{out_name}.target", "target", self.batch * node.size,
+                                 (self.batch,) + node.shape)
+            if kind == "cross_entropy":
+                ctx = Context(self, node, True)
+                contribute(ctx, 0, node.inputs[0])
+                loss = self.buffer(f"loss.{out_name}", "loss", self.batch * node.attrs["heads"])
+                self.emit(f"loss.{out_name}", "loss", [cross_entropy(node, ctx, target, loss)])
+            else:
+                ctx = Context(self, node, True)
+                contribute(ctx, 0, node)
+                loss = self.buffer(f"loss.{out_name}", "loss", self.batch)
+                self.emit(f"loss.{out_name}", "loss", [elementwise_loss(
+                    kind, batch=self.batch, size=node.size, out=self.value_buffer(node),
+                    target=target, loss=loss, dout=ctx.dx(0), accumulate=ctx.acc(0))])
+            self.loss_parts.append(loss)
+            self.targets[out_name] = target
+
+        for node in reversed(self.graph.nodes):
+            op = get_op(node.op)
+            if node.op == "input" or op.is_view or root(node).name not in written:
+                continue
+            ctx = Context(self, node, True)
+            for i, inp in enumerate(node.inputs):
+                contribute(ctx, i, inp)
+            self.emit(node.name, "backward", op.backward(node, ctx))
+        for node in self.graph.nodes:
+            if not get_op(node.op).is_view:
+                self.emit(node.name, "update_state",
+                          get_op(node.op).update_state(node, Context(self, node, True)))
+        self.input_grad_buffers = {name: self.grad_buffer(node) for name, node
+                                   in self.graph.inputs.items() if wants[name] and name in written}
+
+    def optimizer_step(self):
+        self.buffer("scalars", "scalar", 4)
+        opt = self.optimizer
+        bufs = lambda prefix, suffix: {"param": prefix, "grad": prefix + ".grad",  # noqa: E731
+                                       **{f"m{i}": prefix + f".m{i}"
+                                          for i in range(1, opt.moments + 1)},
+                                       "scal": "scalars"}
+        if self.debug_buffers:
+            # Each buffer is its own allocation here, so each parameter gets its own launch.
+            for full in self.params:
+                k = opt.kernel(self.buffers[full].size, bufs(full, ""), self.dtype)
+                self.emit(full, "optimizer", [k])
+        else:
+            first = next(iter(self.params))
+            total = self.arenas["param"]
+            # One launch spans the whole arena: the first parameter sits at offset 0 in every
+            # one of param, grad and moment arenas, and padding between parameters stays zero.
+            k = opt.kernel(total, bufs(first, ""), self.dtype)
+            self.emit("optimizer", "optimizer", [k])
+
+    def liveness(self):
+        """(first, last) forward step of each activation buffer, for inference-plan reuse."""
+        live = {}
+        steps = {n.name: i for i, n in enumerate(self.graph.nodes)}
+        end = len(self.graph.nodes)
+        for node in self.graph.nodes:
+            r = root(node).name
+            if r not in self.buffers or self.buffers[r].role != "activation":
+                continue
+            first, last = live.get(r, (steps[node.name], steps[node.name]))
+            for user in node.users:
+                last = max(last, steps[user.name])
+            live[r] = (min(first, steps[node.name]), last)
+        for node in self.graph.outputs.values():
+            r = root(node).name
+            if r in live:
+                live[r] = (live[r][0], end)
+        return live
+
+
+def _size(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers=False):
+    ctype = {"float32": "float", "float64": "double"}[dtype]
+    lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers)
+    lo.declare_params()
+    lo.forward()
+    lo.input_grad_buffers, lo.targets, lo.loss_parts = {}, {}, []
+    if loss:
+        lo.backward()
+    live = None if loss else lo.liveness()
+    lo.arenas = memory.place(lo.buffers, live)
+    if optimizer is not None:
+        if not lo.params:
+            raise CompileError(f"graph {graph.name!r} has no parameters for the optimizer to update")
+        lo.optimizer_step()
+        lo.arenas = memory.place(lo.buffers, live)
+    for launch in lo.launches:
+        for a in launch.args:
+            if a.name.endswith("_off"):
+                a.value = lo.buffers[a.buffer].offset
+    if any(size >= 2 ** 32 for size in lo.arenas.values()):
+        raise CompileError("an arena exceeds 2^32 elements; reduce the batch or the model")
+    poison_roles = ("activation", "act_grad", "scratch", "loss")
+    poisonable = [b.name for b in lo.buffers.values()
+                  if b.role in poison_roles or (b.role == "grad" and b.name in lo.grad_written)]
+    return Plan(graph=graph, batch=batch, dtype=dtype, loss=dict(loss), optimizer=optimizer,
+                input_grads=input_grads, debug_buffers=debug_buffers, buffers=lo.buffers,
+                arenas=lo.arenas, sources=lo.spec.sources, launches=lo.launches,
+                feeds={n: lo.value_buffer(v) for n, v in graph.inputs.items()},
+                outputs={n: lo.value_buffer(v) for n, v in graph.outputs.items()},
+                targets=lo.targets, losses=lo.loss_parts,
+                grads={p: f"{p}.grad" for p in lo.params} if loss else {},
+                input_grad_buffers=lo.input_grad_buffers,
+                params={p: p for p in lo.params}, state={s: s for s in lo.state},
+                poisonable=poisonable)
+
+
+def check_loss_spec(graph, loss):
+    """Normalise ``loss`` to {output: kind}, naming the output on any mistake."""
+    if loss is None:
+        return {}
+    if isinstance(loss, str):
+        loss = {name: loss for name in graph.outputs}
+    if not isinstance(loss, dict):
+        raise GraphError(f"loss must be a dict {{output: kind}} or a kind, got {type(loss).__name__}")
+    for out, kind in loss.items():
+        if out not in graph.outputs:
+            raise GraphError(f"loss names output {out!r}, but graph {graph.name!r} has outputs "
+                             f"{sorted(graph.outputs)}")
+        check_loss(kind, out)
+        node = graph.outputs[out]
+        if kind == "cross_entropy" and node.op != "softmax":
+            raise GraphError(f"loss for output {out!r}: cross_entropy needs a softmax output, but "
+                             f"{node.name!r} is a {node.op}")
+    return dict(loss)

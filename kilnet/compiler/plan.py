@@ -1,0 +1,67 @@
+"""The compiled plan: everything decided at compile time, as plain data a person can read."""
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Arg:
+    slot: int
+    name: str                   # the kernel's parameter name
+    buffer: str                 # plan buffer it points into (None for offsets)
+    role: str
+    value: object               # offset (elements) for offset slots, arena role for pointers
+
+    def __repr__(self):
+        return f"{self.slot}:{self.name}={self.value}"
+
+
+@dataclass
+class Launch:
+    name: str                   # "<node>.<step>", e.g. "dense_1.forward"
+    phase: str                  # infer | forward | loss | backward | update_state | optimizer
+    kernel: str                 # OpenCL function name (shared by identical renders)
+    global_size: tuple
+    local_size: tuple
+    args: list = field(default_factory=list)
+    node: str = None
+
+    @property
+    def buffers(self):
+        return {a.name[:-len("_arena")]: a.buffer for a in self.args if a.name.endswith("_arena")}
+
+    def __repr__(self):
+        return (f"Launch({self.name}, kernel={self.kernel}, global={self.global_size}, "
+                f"local={self.local_size}, args=[{', '.join(map(repr, self.args))}])")
+
+
+PHASES = ("infer", "forward", "loss", "backward", "update_state", "optimizer")
+
+
+@dataclass
+class Plan:
+    graph: object
+    batch: int
+    dtype: str
+    loss: dict                  # output -> loss kind
+    optimizer: object
+    input_grads: bool
+    debug_buffers: bool
+    buffers: dict               # name -> memory.Buffer
+    arenas: dict                # role -> elements
+    sources: dict               # kernel name -> program source
+    launches: list
+    feeds: dict                 # input name -> buffer
+    outputs: dict               # output name -> buffer
+    targets: dict               # output name -> target buffer
+    losses: list                # loss-part buffers, summed on the host
+    grads: dict                 # param name -> grad buffer
+    input_grad_buffers: dict    # input name -> grad buffer
+    params: dict                # "<node>.<param>" -> buffer (parameters)
+    state: dict                 # "<node>.<state>" -> buffer
+    poisonable: list = field(default_factory=list)   # buffers every step rewrites fully
+
+    def phase(self, *names):
+        return [launch for launch in self.launches if launch.phase in names]
+
+    @property
+    def training(self):
+        return bool(self.loss)

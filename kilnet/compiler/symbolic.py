@@ -1,0 +1,104 @@
+"""Activation functions as sympy expressions, printed into OpenCL C.
+
+Each activation is written once, as a function of the pre-activation ``x``; its derivative is
+obtained with ``sympy.diff`` and printed the same way, so the backward code is never hand-kept.
+Adding an activation is one entry in ``ACTIVATIONS``.
+"""
+from functools import lru_cache
+
+import sympy as sp
+from sympy.codegen.cfunctions import log1p
+from sympy.printing.c import C99CodePrinter
+
+from ..errors import GraphError
+
+x = sp.Symbol("x", real=True)
+
+
+class Sigmoid(sp.Function):
+    """σ(x), printed as a numerically safe helper; its derivative stays in terms of σ, which never
+    overflows (exp(-x)/(1+exp(-x))² would give inf/inf for large negative x)."""
+
+    def fdiff(self, argindex=1):
+        s = Sigmoid(self.args[0])
+        return s * (1 - s)
+
+
+ACTIVATIONS = {
+    "none": x,
+    "tanh": sp.tanh(x),
+    "sigmoid": Sigmoid(x),
+    "relu": sp.Piecewise((x, x > 0), (0, True)),
+    "leaky_relu": sp.Piecewise((x, x > 0), (sp.Rational(1, 100) * x, True)),
+    # log(1 + e^x) without overflow: each branch exponentiates a non-positive number.
+    "softplus": sp.Piecewise((x + log1p(sp.exp(-x)), x > 0), (log1p(sp.exp(x)), True)),
+    "gelu": x / 2 * (1 + sp.erf(x / sp.sqrt(2))),
+    "silu": x * Sigmoid(x),
+    "elu": sp.Piecewise((x, x > 0), (sp.exp(x) - 1, True)),
+}
+
+
+class _Printer(C99CodePrinter):
+    """C99 printing with every literal cast to the kernel's `real` type, so float kernels never
+    promote to double (which would fail on devices without fp64)."""
+
+    def _print_Float(self, expr):
+        return "((real)%s)" % sp.printing.repr.srepr(float(expr)).strip("'")
+
+    def _print_Integer(self, expr):
+        return "((real)%d)" % int(expr)
+
+    def _print_Rational(self, expr):
+        return "((real)%d/(real)%d)" % (expr.p, expr.q)
+
+    def _print_Pow(self, expr):
+        if expr.exp == 2:
+            b = self._print(expr.base)
+            return "((%s)*(%s))" % (b, b)
+        if expr.exp == -1:
+            return "(((real)1)/(%s))" % self._print(expr.base)
+        return "pow(%s, %s)" % (self._print(expr.base), self._print(expr.exp))
+
+    def _print_Function(self, expr):
+        if isinstance(expr, Sigmoid):
+            return "kn_sigmoid(%s)" % self._print(expr.args[0])
+        return super()._print_Function(expr)
+
+    def _print_Piecewise(self, expr):
+        *branches, (last, cond) = expr.args
+        if cond != True:  # noqa: E712  (sympy's true)
+            raise ValueError("activation Piecewise needs a final True branch")
+        out = self._print(last)
+        for e, c in reversed(branches):
+            out = "(%s ? %s : %s)" % (self._print(c), self._print(e), out)
+        return out
+
+    def _print_Relational(self, expr):
+        return "(%s %s %s)" % (self._print(expr.lhs), expr.rel_op, self._print(expr.rhs))
+
+
+def check(kind):
+    if kind is None:
+        return "none"
+    if not isinstance(kind, str) or kind not in ACTIVATIONS:
+        raise GraphError(f"activation {kind!r} is unknown; known: {', '.join(sorted(ACTIVATIONS))}")
+    return kind
+
+
+def _print(expr, var):
+    expr = expr.subs(x, sp.Symbol(var, real=True))
+    # Fold constant subexpressions (sqrt(2), 1/2, 1/sqrt(2*pi)) into single literals.
+    expr = expr.replace(lambda e: e.is_number and not e.is_Integer, lambda e: sp.Float(sp.N(e, 17)))
+    return _Printer().doprint(expr)
+
+
+@lru_cache(maxsize=None)
+def forward_c(kind, var="x"):
+    """C expression of act(var)."""
+    return _print(ACTIVATIONS[check(kind)], var)
+
+
+@lru_cache(maxsize=None)
+def derivative_c(kind, var="x"):
+    """C expression of act'(var), from sympy.diff."""
+    return _print(sp.diff(ACTIVATIONS[check(kind)], x), var)

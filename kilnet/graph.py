@@ -1,0 +1,165 @@
+"""The graph a user builds: nodes in the order they were added, each with one output value.
+
+A value's shape is per sample; the batch is chosen at compile time. Every node is shape-checked
+as it is added (by its op's ``infer``), so a mistake surfaces on the line that made it.
+"""
+import math
+
+from .errors import GraphError, ShapeError
+
+
+def _shape(shape, what):
+    if isinstance(shape, int):
+        shape = (shape,)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise ShapeError(f"{what}: shape must be a tuple of positive ints, got {shape!r}") from None
+    if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+        raise ShapeError(f"{what}: shape must be a non-empty tuple of positive ints, got {shape!r}")
+    return shape
+
+
+class Node:
+    """One operation: ``op`` applied to ``inputs`` with ``attrs``; its output has ``shape``."""
+
+    __slots__ = ("graph", "name", "op", "inputs", "attrs", "shape", "users")
+
+    def __init__(self, graph, name, op, inputs, attrs, shape):
+        self.graph, self.name, self.op = graph, name, op
+        self.inputs, self.attrs, self.shape = tuple(inputs), dict(attrs), tuple(shape)
+        self.users = []
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+    def __repr__(self):
+        args = ", ".join([i.name for i in self.inputs] + [f"{k}={v!r}" for k, v in self.attrs.items()])
+        return f"%{self.name} = {self.op}({args}) -> {self.shape}"
+
+
+class Value:
+    """What op functions take and return: a handle on a node's output."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node):
+        self.node = node
+
+    shape = property(lambda self: self.node.shape)
+    name = property(lambda self: self.node.name)
+    graph = property(lambda self: self.node.graph)
+    size = property(lambda self: self.node.size)
+
+    def __repr__(self):
+        return f"Value({self.name}, shape={self.shape})"
+
+
+class Graph:
+    """A dataflow graph: ``input``s, op nodes added by the op functions, and named ``output``s."""
+
+    def __init__(self, name="graph"):
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"Graph name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.nodes = []
+        self.inputs = {}
+        self.outputs = {}
+        self._by_name = {}
+        self._counters = {}
+
+    def input(self, name, shape):
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GraphError(f"input name must be an identifier, got {name!r}")
+        shape = _shape(shape, f"input {name!r}")
+        value = self.add("input", [], {"shape": list(shape)}, name=name)
+        self.inputs[name] = value.node
+        return value
+
+    def output(self, name, value):
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GraphError(f"output name must be an identifier, got {name!r}")
+        node = self._own(value, f"output {name!r}")
+        if name in self.outputs:
+            raise GraphError(f"output {name!r} is already marked (node {self.outputs[name].name!r})")
+        self.outputs[name] = node
+        return value
+
+    def node(self, name):
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise GraphError(f"graph {self.name!r} has no node {name!r}") from None
+
+    def _own(self, value, what):
+        if not isinstance(value, Value):
+            raise GraphError(f"{what}: expected a graph value, got {type(value).__name__}")
+        if value.graph is not self:
+            raise GraphError(f"{what}: value {value.name!r} belongs to graph {value.graph.name!r}, "
+                             f"not {self.name!r}")
+        return value.node
+
+    def _fresh_name(self, op):
+        while True:
+            self._counters[op] = self._counters.get(op, 0) + 1
+            name = f"{op}_{self._counters[op]}"
+            if name not in self._by_name:
+                return name
+
+    def add(self, op, inputs, attrs, name=None):
+        """Add a node (op functions call this): checks it, infers its shape, returns its value."""
+        from .ops import get_op
+
+        opdef = get_op(op)
+        if name is None:
+            name = self._fresh_name(op)
+        elif not isinstance(name, str) or not name or name.startswith(".") or name.endswith("."):
+            raise GraphError(f"{op}: node name must be a non-empty string, got {name!r}")
+        if name in self._by_name:
+            raise GraphError(f"{op}: node name {name!r} is already used in graph {self.name!r}")
+        nodes = [self._own(v, f"{name} ({op}) input {i}") for i, v in enumerate(inputs)]
+        node = Node(self, name, op, nodes, attrs, ())
+        node.shape = tuple(opdef.infer(node))
+        self.nodes.append(node)
+        self._by_name[name] = node
+        for i in nodes:
+            i.users.append(node)
+        return Value(node)
+
+    def __repr__(self):
+        lines = [f"graph {self.name}:"] + [f"  {n!r}" for n in self.nodes]
+        lines += [f"  output {k} = %{v.name}" for k, v in self.outputs.items()]
+        return "\n".join(lines)
+
+
+def graph_of(x, op):
+    """The graph that an op's first argument belongs to, with a clear error for non-values."""
+    if not isinstance(x, Value):
+        raise GraphError(f"{op}: expected a graph value as input, got {type(x).__name__}")
+    return x.graph
+
+
+def to_dict(graph):
+    """A JSON-able description of the graph (what a checkpoint stores as the architecture)."""
+    return {"name": graph.name,
+            "nodes": [{"name": n.name, "op": n.op, "inputs": [i.name for i in n.inputs],
+                       "attrs": n.attrs} for n in graph.nodes],
+            "outputs": {k: v.name for k, v in graph.outputs.items()}}
+
+
+def from_dict(d):
+    """Rebuild a graph from ``to_dict``'s output, checking every node again."""
+    try:
+        g = Graph(d["name"])
+        for n in d["nodes"]:
+            inputs = [Value(g.node(i)) for i in n["inputs"]]
+            if n["op"] == "input":
+                g.input(n["name"], tuple(n["attrs"]["shape"]))
+            else:
+                g.add(n["op"], inputs, dict(n["attrs"]), name=n["name"])
+        for k, v in d["outputs"].items():
+            g.output(k, Value(g.node(v)))
+    except (KeyError, TypeError, AttributeError) as e:
+        raise GraphError(f"graph description is malformed: {type(e).__name__}: {e}") from None
+    return g

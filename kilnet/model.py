@@ -1,0 +1,255 @@
+"""A compiled model: the public face of a plan and its executor."""
+import math
+
+import numpy as np
+
+from .errors import FeedError, KilnetError
+from .runtime.executor import Executor
+
+
+class Model:
+    def __init__(self, plan, device=None, seed=0, poison=False):
+        self.plan, self.graph = plan, plan.graph
+        self.batch, self.dtype, self.seed = plan.batch, plan.dtype, seed
+        self.optimizer = plan.optimizer
+        self.step = 0
+        self._exec = Executor(plan, device, poison=poison)
+        self.device = self._exec.device
+        self._sequences()
+        self.params = Params(self)
+        rng = np.random.default_rng(seed)
+        for name, p in self._param_specs().items():
+            self._exec.write(name, p.initial(rng, self._exec.np_dtype))
+        self._exec.finish()
+
+    # -- public calls ---------------------------------------------------------------------
+    def forward(self, feeds):
+        """Inference mode (batch norm uses running statistics). Accepts up to ``batch`` samples."""
+        n, arrays = self._feeds(feeds, partial=True)
+        with self._exec.lock:
+            self._upload(arrays)
+            self._exec.run(self._infer)
+            return {name: self._exec.read(buf).reshape((self.batch,) + self.graph.outputs[name].shape)[:n]
+                    for name, buf in self.plan.outputs.items()}
+
+    def train_step(self, feeds, targets):
+        """One training step (forward, loss, backward, state update, optimizer); returns the loss."""
+        if self.optimizer is None:
+            raise KilnetError("train_step needs a model compiled with an optimizer (and a loss)")
+        _, arrays = self._feeds(feeds)
+        tarrays = self._targets(targets)
+        with self._exec.lock:
+            self._upload(arrays, tarrays)
+            self._exec.write("scalars", np.array(self.optimizer.scalars(self.step + 1) + [0.0]))
+            self._exec.run(self._train)
+            loss = self._loss()
+            self.step += 1
+        return loss
+
+    def gradients(self, feeds, targets):
+        """Gradients of the loss without any update: {param name: grad} plus {input name: grad}
+        when compiled with ``input_grads=True``; the loss is in ``.loss`` of the result."""
+        self._require_loss("gradients")
+        _, arrays = self._feeds(feeds)
+        tarrays = self._targets(targets)
+        with self._exec.lock:
+            self._upload(arrays, tarrays)
+            self._exec.run(self._grad)
+            out = Gradients()
+            for name, buf in self.plan.grads.items():
+                out[name] = self._exec.read(buf).reshape(self.plan.buffers[name].shape)
+            for name, buf in self.plan.input_grad_buffers.items():
+                out[name] = self._exec.read(buf).reshape(self.plan.buffers[buf].shape)
+            out.loss = self._loss()
+        return out
+
+    def evaluate(self, feeds, targets):
+        """The training-mode loss on one batch, changing nothing."""
+        self._require_loss("evaluate")
+        _, arrays = self._feeds(feeds)
+        tarrays = self._targets(targets)
+        with self._exec.lock:
+            self._upload(arrays, tarrays)
+            self._exec.run(self._eval)
+            return self._loss()
+
+    @property
+    def kernels(self):
+        """Every launch in plan order: name, kernel, global/local size and argument slots."""
+        return list(self.plan.launches)
+
+    def source(self, name):
+        """The OpenCL source of a launch ("dense_1.forward") or of a kernel by function name."""
+        for launch in self.plan.launches:
+            if launch.name == name:
+                return self.plan.sources[launch.kernel]
+        if name in self.plan.sources:
+            return self.plan.sources[name]
+        raise KilnetError(f"no launch or kernel named {name!r}; launches: "
+                          f"{', '.join(launch.name for launch in self.plan.launches)}")
+
+    def memory_map(self):
+        """Every buffer: name, role, offset and size in elements, bytes, shape."""
+        item = self._exec.item
+        rows = [dict(name=b.name, role=b.role, offset=b.offset, size=b.size, bytes=b.size * item,
+                     shape=b.shape) for b in self.plan.buffers.values()]
+        order = {r: i for i, r in enumerate(self.plan.arenas)}
+        return sorted(rows, key=lambda r: (order.get(r["role"], 99), r["offset"], r["name"]))
+
+    def summary(self):
+        from .inspect import summary
+        return summary(self)
+
+    def save(self, path):
+        from .runtime.checkpoint import save
+        save(self, path)
+
+    def __repr__(self):
+        return (f"<kilnet.Model {self.graph.name!r} batch={self.batch} dtype={self.dtype} "
+                f"on {self.device.name.strip()}: {len(self.plan.launches)} launches>")
+
+    # -- internals ------------------------------------------------------------------------
+    def _sequences(self):
+        plan = self.plan
+        moded = {launch.node for launch in plan.launches if launch.phase == "infer"} \
+            if plan.training else set()
+        self._infer = [launch for launch in plan.launches if launch.phase == "infer" or
+                       (launch.phase == "forward" and launch.node not in moded)]
+        self._eval = plan.phase("forward", "loss")
+        self._grad = plan.phase("forward", "loss", "backward")
+        self._train = plan.phase("forward", "loss", "backward", "update_state", "optimizer")
+
+    def _param_specs(self):
+        from .ops import get_op
+        specs = {}
+        for node in self.graph.nodes:
+            op = get_op(node.op)
+            for p in list(op.params(node)) + list(op.state(node)):
+                specs[f"{node.name}.{p.name}"] = p
+        return specs
+
+    def _require_loss(self, what):
+        if not self.plan.training:
+            raise KilnetError(f"{what} needs a model compiled with a loss")
+
+    def _loss(self):
+        return float(sum(self._exec.read(b).astype(np.float64).sum() for b in self.plan.losses))
+
+    def _upload(self, feeds, targets=None):
+        for name, arr in feeds.items():
+            self._exec.write(self.plan.feeds[name], arr)
+        for name, arr in (targets or {}).items():
+            self._exec.write(self.plan.targets[name], arr)
+
+    def _array(self, what, value, shape, partial):
+        try:
+            arr = np.asarray(value)
+        except Exception as e:  # ragged lists and the like
+            raise FeedError(f"{what}: cannot be read as an array ({e})") from None
+        if arr.dtype.kind not in "biuf" or not np.can_cast(arr.dtype, self._exec.np_dtype, "same_kind"):
+            raise FeedError(f"{what}: dtype {arr.dtype} cannot be cast safely to {self.dtype}")
+        n = arr.shape[0] if arr.ndim else 0
+        ok = arr.ndim == len(shape) + 1 and tuple(arr.shape[1:]) == tuple(shape) and (
+            1 <= n <= self.batch if partial else n == self.batch)
+        if not ok:
+            want = f"(n, {', '.join(map(str, shape))}) with 1 <= n <= {self.batch}" if partial else \
+                str((self.batch,) + tuple(shape))
+            raise FeedError(f"{what}: got shape {arr.shape}, needs {want}")
+        if n < self.batch:
+            arr = np.concatenate([arr, np.zeros((self.batch - n,) + tuple(shape), arr.dtype)])
+        return n, arr.astype(self._exec.np_dtype, copy=False)
+
+    def _feeds(self, feeds, partial=False):
+        if not isinstance(feeds, dict):
+            raise FeedError(f"feeds must be a dict {{input name: array}}, got {type(feeds).__name__}")
+        names = self.graph.inputs
+        for k in feeds:
+            if k not in names:
+                raise FeedError(f"feed {k!r} is not an input of graph {self.graph.name!r}; inputs: "
+                                f"{sorted(names)}")
+        arrays, counts = {}, set()
+        for name, node in names.items():
+            if name not in feeds:
+                raise FeedError(f"input {name!r} is missing from the feeds (shape {node.shape})")
+            n, arrays[name] = self._array(f"input {name!r}", feeds[name], node.shape, partial)
+            counts.add(n)
+        if len(counts) > 1:
+            raise FeedError(f"feeds disagree on the number of samples: {sorted(counts)}")
+        return counts.pop(), arrays
+
+    def _targets(self, targets):
+        if not isinstance(targets, dict):
+            raise FeedError(f"targets must be a dict {{output name: array}}, got {type(targets).__name__}")
+        for k in targets:
+            if k not in self.plan.targets:
+                raise FeedError(f"target {k!r} is not a loss output; loss outputs: "
+                                f"{sorted(self.plan.targets)}")
+        out = {}
+        for name in self.plan.targets:
+            if name not in targets:
+                raise FeedError(f"target for output {name!r} is missing")
+            _, out[name] = self._array(f"target {name!r}", targets[name],
+                                       self.graph.outputs[name].shape, False)
+        return out
+
+
+class Gradients(dict):
+    loss = math.nan
+
+
+class Params:
+    """``model.params[name]``: copies of parameters and state; assigning writes to the device."""
+
+    def __init__(self, model):
+        self._m = model
+        self._names = list(model.plan.params) + list(model.plan.state)
+
+    def keys(self):
+        return list(self._names)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+    def __contains__(self, name):
+        return name in self._names
+
+    def items(self):
+        return [(k, self[k]) for k in self._names]
+
+    def _check(self, name):
+        if name not in self._names:
+            raise KilnetError(f"model has no parameter or state {name!r}; it has: {', '.join(self._names)}")
+        return self._m.plan.buffers[name]
+
+    def __getitem__(self, name):
+        b = self._check(name)
+        with self._m._exec.lock:
+            return self._m._exec.read(name).reshape(b.shape)
+
+    def __setitem__(self, name, value):
+        b = self._check(name)
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "biuf" or not np.can_cast(arr.dtype, self._m._exec.np_dtype, "same_kind"):
+            raise FeedError(f"parameter {name!r}: dtype {arr.dtype} cannot be cast safely to "
+                            f"{self._m.dtype}")
+        if arr.shape != tuple(b.shape):
+            raise FeedError(f"parameter {name!r}: got shape {arr.shape}, needs {tuple(b.shape)}")
+        with self._m._exec.lock:
+            self._m._exec.write(name, arr)
+            self._m._exec.finish()
+
+    def update(self, values):
+        """Assign several at once; all are checked before any is written."""
+        values = dict(values)
+        for k, v in values.items():
+            b, arr = self._check(k), np.asarray(v)
+            if arr.shape != tuple(b.shape):
+                raise FeedError(f"parameter {k!r}: got shape {arr.shape}, needs {tuple(b.shape)}")
+        for k, v in values.items():
+            self[k] = v
+
+    def __repr__(self):
+        return f"Params({', '.join(self._names)})"

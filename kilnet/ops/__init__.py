@@ -1,0 +1,12 @@
+"""The op catalogue: importing this package registers every op."""
+from .base import Kernel, Op, Param, get_op  # noqa: F401
+from .shape_ops import reshape
+from .activation import activation
+from .dense import dense
+from .conv1d import conv1d
+from .batchnorm import batchnorm
+from .softmax import softmax
+from .concat import concat
+from .add_norm import add_norm
+
+__all__ = ["reshape", "activation", "dense", "conv1d", "batchnorm", "softmax", "concat", "add_norm"]

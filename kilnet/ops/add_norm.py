@@ -1,0 +1,47 @@
+"""add_norm: z = a + b normalised over the last axis (biased variance, eps 1e-5, no affine).
+
+The articles' SumAndNormilize averages a and b (m = 0.5) and skips the normalisation's Jacobian
+in backward; here the sum is plain and the backward pass is the true derivative:
+dz = inv/D·(D·g − Σg − ẑ·Σ(g·ẑ)), and da = db = dz.
+"""
+from ..graph import graph_of
+from .base import Op, kernel, need, register, round_up
+
+LOCAL = 64
+EPS = 1e-5
+
+
+def add_norm(a, b, name=None):
+    """(a + b) normalised over the last axis."""
+    return graph_of(a, "add_norm").add("add_norm", [a, b], {}, name)
+
+
+@register
+class AddNorm(Op):
+    kind = "add_norm"
+
+    def infer(self, node):
+        a, b = node.inputs
+        need(a.shape == b.shape, node, f"inputs must have the same shape, got {a.name!r} {a.shape} "
+             f"and {b.name!r} {b.shape}")
+        return a.shape
+
+    def _launch(self, step, node, ctx, mode, bufs, **extra):
+        D = node.shape[-1]
+        rows = ctx.batch * node.size // D
+        return kernel(step, "add_norm", dict(mode=mode, D=D, R=rows, eps=repr(EPS), **extra), bufs,
+                      (round_up(rows, LOCAL),), (LOCAL,))
+
+    def forward(self, node, ctx):
+        return [self._launch("forward", node, ctx, "forward",
+                             {"in0": ctx.x(0), "in1": ctx.x(1), "out": ctx.y})]
+
+    def backward(self, node, ctx):
+        if not (ctx.dx(0) or ctx.dx(1)):
+            return []
+        bufs = {"in0": ctx.x(0), "in1": ctx.x(1), "out": ctx.y, "dout": ctx.dy}
+        for i in (0, 1):
+            if ctx.dx(i):
+                bufs[f"din{i}"] = ctx.dx(i)
+        return [self._launch("backward_input", node, ctx, "backward", bufs,
+                             grads=[(i, ctx.acc(i)) for i in (0, 1) if ctx.dx(i)])]

@@ -1,0 +1,52 @@
+"""concat: join values along the last axis; the leading axes must agree."""
+from ..graph import graph_of
+from .base import GraphError, Op, kernel, need, register, round_up
+
+LOCAL = 64
+
+
+def concat(*xs, name=None):
+    """(…, C1), (…, C2), … -> (…, C1 + C2 + …)."""
+    if not xs:
+        raise GraphError("concat: needs at least one input")
+    return graph_of(xs[0], "concat").add("concat", list(xs), {}, name)
+
+
+@register
+class Concat(Op):
+    kind = "concat"
+
+    def infer(self, node):
+        first = node.inputs[0].shape
+        for i, v in enumerate(node.inputs):
+            need(len(v.shape) == len(first) and v.shape[:-1] == first[:-1], node,
+                 f"input {i} ({v.name!r}) has shape {v.shape}; every input needs leading axes "
+                 f"{first[:-1]} (as input 0, {node.inputs[0].name!r}) and may differ only in the last")
+        return first[:-1] + (sum(v.shape[-1] for v in node.inputs),)
+
+    def _widths(self, node):
+        return [v.shape[-1] for v in node.inputs]
+
+    def forward(self, node, ctx):
+        widths = self._widths(node)
+        rows = ctx.batch * node.size // node.shape[-1]
+        bufs = {f"in{i}": ctx.x(i) for i in range(len(widths))}
+        bufs["out"] = ctx.y
+        n = rows * node.shape[-1]
+        return [kernel("forward", "concat", dict(mode="forward", N=n, widths=widths,
+                                                 total=node.shape[-1]),
+                       bufs, (round_up(n, LOCAL),), (LOCAL,))]
+
+    def backward(self, node, ctx):
+        widths = self._widths(node)
+        rows = ctx.batch * node.size // node.shape[-1]
+        ks = []
+        for i, w in enumerate(widths):
+            if not ctx.dx(i):
+                continue
+            n = rows * w
+            ks.append(kernel(f"backward_input.{i}", "concat",
+                             dict(mode="backward", N=n, width=w, start=sum(widths[:i]),
+                                  total=node.shape[-1], accumulate=ctx.acc(i)),
+                             {"dout": ctx.dy, "dinp": ctx.dx(i)}, (round_up(n, LOCAL),), (LOCAL,)))
+        return ks

@@ -1,0 +1,76 @@
+"""conv1d: a window over units, all channels; weight (filters, window, channels), bias (filters,).
+
+out[u, f] = act(b[f] + Σ_k Σ_c W[f, k, c]·x[u·step + k, c]), no padding. Because the (k, c)
+taps of one output are contiguous in x, the forward pass is a GEMM whose rows overlap (an implicit
+im2col with row stride step·C); both gradients are GEMMs too.
+"""
+from ..compiler import symbolic
+from ..graph import graph_of
+from .base import Op, Param, int_attr, need, register
+from .gemm import column_sum, gemm
+
+
+def conv1d(x, filters, window, step=1, activation=None, name=None):
+    """(U, C) -> (⌊(U − window)/step⌋ + 1, filters)."""
+    return graph_of(x, "conv1d").add("conv1d", [x], {"filters": filters, "window": window,
+                                                     "step": step, "activation": activation}, name)
+
+
+@register
+class Conv1d(Op):
+    kind = "conv1d"
+
+    def infer(self, node):
+        a = node.attrs
+        for key in ("filters", "window", "step"):
+            int_attr(node, key, a[key])
+        a["activation"] = symbolic.check(a["activation"])
+        shape = node.inputs[0].shape
+        need(len(shape) == 2, node, f"input {node.inputs[0].name!r} must be (units, channels), "
+             f"got shape {shape}")
+        need(a["window"] <= shape[0], node, f"window {a['window']} is longer than the input's "
+             f"{shape[0]} units")
+        return ((shape[0] - a["window"]) // a["step"] + 1, a["filters"])
+
+    def params(self, node):
+        F, W, C = node.attrs["filters"], node.attrs["window"], node.inputs[0].shape[1]
+        return [Param("weight", (F, W, C), "uniform", W * C), Param("bias", (F,), "uniform", W * C)]
+
+    def _dims(self, node):
+        (U, C), (Uo, F) = node.inputs[0].shape, node.shape
+        return U, C, Uo, F, node.attrs["window"], node.attrs["step"], node.attrs["activation"]
+
+    def _z(self, node, ctx):
+        if node.attrs["activation"] == "none":
+            return None
+        return ctx.scratch("z", ctx.batch * node.size)
+
+    def forward(self, node, ctx):
+        U, C, Uo, F, W, S, act = self._dims(node)
+        return [gemm("forward", M=Uo, N=F, K=W * C, batch=ctx.batch, a=ctx.x(0), w=ctx.p("weight"),
+                     out=ctx.y, a_idx=f"b*{U * C} + m*{S * C} + k", b_idx=f"n*{W * C} + k",
+                     c_idx=f"b*{Uo * F} + m*{F} + n", a_kfast=True, b_nfast=False,
+                     bias=ctx.p("bias"), act=act, z=self._z(node, ctx) if ctx.training else None)]
+
+    def backward(self, node, ctx):
+        U, C, Uo, F, W, S, act = self._dims(node)
+        B, z = ctx.batch, self._z(node, ctx)
+        ks = []
+        if ctx.dx(0):
+            # dX[b, i, c] = Σ_{j, f} dZ[b, (i − j)/S, f]·W[f, j, c] over taps j where (i − j) is a
+            # multiple of S inside [0, Uo·S): a GEMM over k = (j, f) with a predicate on A.
+            u = f"(m - k/{F})"
+            pred = f"{u} >= 0 && {u} < {Uo * S}" + (f" && {u} % {S} == 0" if S > 1 else "")
+            ks.append(gemm("backward_input", M=U, N=C, K=W * F, batch=B, a=ctx.dy,
+                           w=ctx.p("weight"), out=ctx.dx(0),
+                           a_idx=f"b*{Uo * F} + ({u}/{S})*{F} + k%{F}", a_pred=pred,
+                           b_idx=f"(k%{F})*{W * C} + (k/{F})*{C} + n", c_idx=f"b*{U * C} + m*{C} + n",
+                           a_kfast=True, b_nfast=True, za=z, dact=act, accumulate=ctx.acc(0)))
+        # dW[f, (j, c)] = Σ_{b, u} dZ[b, u, f]·x[b, u·S + j, c]: a GEMM over k = (b, u).
+        ks.append(gemm("backward_weight", M=F, N=W * C, K=B * Uo, a=ctx.dy, w=ctx.x(0),
+                       out=ctx.dp("weight"), a_idx=f"k*{F} + m",
+                       b_idx=f"(k/{Uo})*{U * C} + (k%{Uo})*{S * C} + n", c_idx=f"m*{W * C} + n",
+                       a_kfast=False, b_nfast=True, za=z, dact=act))
+        ks.append(column_sum("backward_bias", rows=B * Uo, cols=F, src=ctx.dy, out=ctx.dp("bias"),
+                             za=z, dact=act))
+        return ks

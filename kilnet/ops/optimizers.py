@@ -1,0 +1,75 @@
+"""Optimizers: one kernel updates every parameter of the model, because parameters, their
+gradients and the optimizer's moments are each one contiguous range of the same layout.
+
+Per-step values (learning rate, Adam's bias corrections) are read from a small device buffer
+that the runtime writes before each step, so no kernel argument is re-bound."""
+import math
+
+from ..errors import GraphError
+from .base import kernel, round_up
+
+LOCAL = 64
+
+
+def _number(owner, key, v, lo, hi, lo_open=False, hi_open=False):
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ok = ok and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    if not ok:
+        raise GraphError(f"{owner}: {key} must be a finite number in {'(' if lo_open else '['}{lo}, "
+                         f"{hi}{')' if hi_open else ']'}, got {v!r}")
+    return float(v)
+
+
+class Optimizer:
+    kind = ""
+    moments = 0
+
+    def config(self):
+        return {k: getattr(self, k) for k in self.keys}
+
+    def scalars(self, step):
+        """The per-step values for update number ``step`` (1-based)."""
+        raise NotImplementedError
+
+    def kernel(self, n, bufs, dtype):
+        consts = dict(kind=self.kind, N=n, **{k: repr(v) for k, v in self.config().items()})
+        return kernel("update", "optimizer", consts, bufs, (round_up(n, LOCAL),), (LOCAL,))
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.config().items())})"
+
+
+class SGD(Optimizer):
+    """w ← w − lr·v, v ← momentum·v + g (PyTorch's placement of the learning rate)."""
+    kind, moments, keys = "sgd", 1, ("lr", "momentum")
+
+    def __init__(self, lr=0.01, momentum=0.0):
+        self.lr = _number("SGD", "lr", lr, 0, math.inf)
+        self.momentum = _number("SGD", "momentum", momentum, 0, 1, hi_open=True)
+
+    def scalars(self, step):
+        return [self.lr, 0.0, 0.0]
+
+
+class Adam(Optimizer):
+    """Adam with bias correction, as torch.optim.Adam: w ← w − lr·m̂/(√v̂ + eps)."""
+    kind, moments, keys = "adam", 2, ("lr", "b1", "b2", "eps")
+
+    def __init__(self, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
+        self.lr = _number("Adam", "lr", lr, 0, math.inf)
+        self.b1 = _number("Adam", "b1", b1, 0, 1, hi_open=True)
+        self.b2 = _number("Adam", "b2", b2, 0, 1, hi_open=True)
+        self.eps = _number("Adam", "eps", eps, 0, math.inf, lo_open=True)
+
+    def scalars(self, step):
+        return [self.lr, 1.0 - self.b1 ** step, 1.0 - self.b2 ** step]
+
+
+OPTIMIZERS = {"sgd": SGD, "adam": Adam}
+
+
+def from_config(kind, config):
+    try:
+        return OPTIMIZERS[kind](**config)
+    except KeyError:
+        raise GraphError(f"unknown optimizer {kind!r}; known: {', '.join(OPTIMIZERS)}") from None

@@ -1,0 +1,109 @@
+"""Running a plan: allocate arenas, build kernels, set every argument once, then each step is
+uploads, enqueues of pre-bound kernels, and reads. The executor knows buffers and launches,
+never layers."""
+import threading
+
+import numpy as np
+
+from ..errors import CompileError
+from . import device as devmod
+from .program import build
+
+NP_DTYPE = {"float32": np.float32, "float64": np.float64}
+
+
+class Executor:
+    def __init__(self, plan, device=None, poison=False):
+        import pyopencl as cl
+        self.cl = cl
+        self.plan = plan
+        self.device = devmod.select(device) if not hasattr(device, "int_ptr") else device
+        self.np_dtype = NP_DTYPE[plan.dtype]
+        self.item = np.dtype(self.np_dtype).itemsize
+        self._check_device()
+        self.ctx, self.queue, _ = dc = devmod.context(self.device)
+        self.lock = threading.Lock()
+        self._pending = []
+        kernels = {k: build(dc, k, src) for k, src in plan.sources.items()}
+        self._alloc(poison)
+        self.bound = {}
+        for launch in plan.launches:
+            k = cl.Kernel(kernels[launch.kernel], launch.kernel)
+            for a in launch.args:
+                if a.name.endswith("_arena"):
+                    k.set_arg(a.slot, self._mem(a.buffer))
+                else:
+                    k.set_arg(a.slot, np.uint32(self._offset(a.buffer)))
+            self.bound[launch.name] = (k, launch.global_size, launch.local_size)
+
+    def _check_device(self):
+        d, plan = self.device, self.plan
+        where = f"{d.name.strip()} ({d.platform.name.strip()})"
+        if plan.dtype == "float64" and not d.double_fp_config:
+            raise CompileError(f"dtype float64 needs fp64, which device {where} lacks")
+        for launch in plan.launches:
+            if launch.local_size:
+                n = int(np.prod(launch.local_size))
+                if n > d.max_work_group_size:
+                    raise CompileError(f"kernel {launch.name}: work-group of {n} exceeds the "
+                                       f"device's limit of {d.max_work_group_size} on {where}")
+        need = sum(plan.arenas.values()) * self.item
+        if need > d.global_mem_size:
+            raise CompileError(f"the plan needs {need / 2**20:.1f} MiB of device memory; {where} "
+                               f"has {d.global_mem_size / 2**20:.1f} MiB")
+
+    def _alloc(self, poison):
+        cl, plan = self.cl, self.plan
+        flags = cl.mem_flags.READ_WRITE
+        if plan.debug_buffers:
+            # Every buffer its own allocation of exactly its size: a write past its end is an
+            # invalid access that Oclgrind reports.
+            self.mems = {b.name: cl.Buffer(self.ctx, flags, b.size * self.item)
+                         for b in plan.buffers.values()}
+        else:
+            self.mems = {role: cl.Buffer(self.ctx, flags, max(n, 1) * self.item)
+                         for role, n in plan.arenas.items() if n}
+        for mem in self.mems.values():
+            cl.enqueue_fill_buffer(self.queue, mem, self.np_dtype(0), 0, mem.size)
+        if poison:
+            for name in plan.poisonable:
+                b = plan.buffers[name]
+                self.write(name, np.full(b.size, np.nan, self.np_dtype))
+        self.queue.finish()
+
+    def _mem(self, name):
+        b = self.plan.buffers[name]
+        return self.mems[name if self.plan.debug_buffers else b.role]
+
+    def _offset(self, name):
+        return 0 if self.plan.debug_buffers else self.plan.buffers[name].offset
+
+    def write(self, name, array):
+        b = self.plan.buffers[name]
+        data = np.ascontiguousarray(array, dtype=self.np_dtype).reshape(-1)
+        assert data.size == b.size, (name, data.size, b.size)
+        self.cl.enqueue_copy(self.queue, self._mem(name), data,
+                             dst_offset=self._offset(name) * self.item, is_blocking=False)
+        self._pending.append(data)   # a non-blocking copy reads it later; keep it alive
+
+    def read(self, name):
+        b = self.plan.buffers[name]
+        out = np.empty(b.size, self.np_dtype)
+        self.cl.enqueue_copy(self.queue, out, self._mem(name),
+                             src_offset=self._offset(name) * self.item, is_blocking=True)
+        self._pending.clear()
+        return out
+
+    def run(self, launches, after=None):
+        """Enqueue ``launches`` in order; ``after(launch)`` (debug) runs after each one."""
+        enqueue = self.cl.enqueue_nd_range_kernel
+        for launch in launches:
+            k, g, loc = self.bound[launch.name]
+            enqueue(self.queue, k, g, loc)
+            if after is not None:
+                self.queue.finish()
+                after(launch)
+
+    def finish(self):
+        self.queue.finish()
+        self._pending.clear()
