@@ -72,6 +72,7 @@ class Lowering:
         self.grad_written = set()
         self.params, self.state = {}, {}
         self._node_params = {}
+        self.targets, self.loss_parts, self.input_grad_buffers = {}, [], {}
 
     # -- buffers --------------------------------------------------------------------------
     def buffer(self, name, role, size, shape=()):
@@ -172,8 +173,6 @@ class Lowering:
                 ctx._acc[i] = r in written
                 written.add(r)
 
-        self.loss_parts = []
-        self.targets = {}
         for out_name, kind in self.loss.items():
             node = self.graph.outputs[out_name]
             target = self.buffer(f"{out_name}.target", "target", self.batch * node.size,
@@ -211,22 +210,20 @@ class Lowering:
     def optimizer_step(self):
         self.buffer("scalars", "scalar", 4)
         opt = self.optimizer
-        bufs = lambda prefix, suffix: {"param": prefix, "grad": prefix + ".grad",  # noqa: E731
-                                       **{f"m{i}": prefix + f".m{i}"
-                                          for i in range(1, opt.moments + 1)},
-                                       "scal": "scalars"}
+
+        def bufs(param):
+            moments = {f"m{i}": f"{param}.m{i}" for i in range(1, opt.moments + 1)}
+            return {"param": param, "grad": f"{param}.grad", **moments, "scal": "scalars"}
+
         if self.debug_buffers:
             # Each buffer is its own allocation here, so each parameter gets its own launch.
             for full in self.params:
-                k = opt.kernel(self.buffers[full].size, bufs(full, ""), self.dtype)
-                self.emit(full, "optimizer", [k])
+                self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, bufs(full))])
         else:
+            # One launch spans the whole arena: the first parameter sits at offset 0 in each of
+            # the param, grad and moment arenas, and the padding between parameters stays zero.
             first = next(iter(self.params))
-            total = self.arenas["param"]
-            # One launch spans the whole arena: the first parameter sits at offset 0 in every
-            # one of param, grad and moment arenas, and padding between parameters stays zero.
-            k = opt.kernel(total, bufs(first, ""), self.dtype)
-            self.emit("optimizer", "optimizer", [k])
+            self.emit("optimizer", "optimizer", [opt.kernel(self.arenas["param"], bufs(first))])
 
     def liveness(self):
         """(first, last) forward step of each activation buffer, for inference-plan reuse."""
@@ -260,7 +257,6 @@ def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers
     lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers)
     lo.declare_params()
     lo.forward()
-    lo.input_grad_buffers, lo.targets, lo.loss_parts = {}, {}, []
     if loss:
         lo.backward()
     live = None if loss else lo.liveness()

@@ -5,7 +5,7 @@ kernel launch as a template name, constants to bake in, buffer arguments (by pla
 by the compiler's lowering context) and work sizes.
 """
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,7 +53,6 @@ class Kernel:
     names: list                # the kernel's own name for each argument
     global_size: tuple
     local_size: tuple = None
-    notes: dict = field(default_factory=dict)
 
 
 def kernel(step, template, consts, buffers, global_size, local_size=None):

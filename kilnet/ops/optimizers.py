@@ -31,7 +31,7 @@ class Optimizer:
         """The per-step values for update number ``step`` (1-based)."""
         raise NotImplementedError
 
-    def kernel(self, n, bufs, dtype):
+    def kernel(self, n, bufs):
         consts = dict(kind=self.kind, N=n, **{k: repr(v) for k, v in self.config().items()})
         return kernel("update", "optimizer", consts, bufs, (round_up(n, LOCAL),), (LOCAL,))
 
