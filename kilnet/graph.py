@@ -4,8 +4,9 @@ A value's shape is per sample; the batch is chosen at compile time. Every node i
 as it is added (by its op's ``infer``), so a mistake surfaces on the line that made it.
 """
 import math
+import numbers
 
-from .errors import GraphError, ShapeError
+from .errors import GraphError, KilnetError, ShapeError
 
 
 def _shape(shape, what):
@@ -101,26 +102,41 @@ class Graph:
         return value.node
 
     def _fresh_name(self, op):
+        """The next free ``<op>_<n>``; the counter moves only when the node is really added."""
+        n = self._counters.get(op, 0)
         while True:
-            self._counters[op] = self._counters.get(op, 0) + 1
-            name = f"{op}_{self._counters[op]}"
+            n += 1
+            name = f"{op}_{n}"
             if name not in self._by_name:
-                return name
+                return name, n
 
     def add(self, op, inputs, attrs, name=None):
         """Add a node (op functions call this): checks it, infers its shape, returns its value."""
         from .ops import get_op
 
         opdef = get_op(op)
+        count = None
         if name is None:
-            name = self._fresh_name(op)
+            name, count = self._fresh_name(op)
         elif not isinstance(name, str) or not name or name.startswith(".") or name.endswith("."):
             raise GraphError(f"{op}: node name must be a non-empty string, got {name!r}")
         if name in self._by_name:
             raise GraphError(f"{op}: node name {name!r} is already used in graph {self.name!r}")
         nodes = [self._own(v, f"{name} ({op}) input {i}") for i, v in enumerate(inputs)]
-        node = Node(self, name, op, nodes, attrs, ())
-        node.shape = tuple(opdef.infer(node))
+        node = Node(self, name, op, nodes, {k: _plain(v) for k, v in dict(attrs).items()}, ())
+        # A failed check leaves the graph exactly as it was (no node, no counter moved), and its
+        # message always names the node.
+        try:
+            node.shape = tuple(opdef.infer(node))
+        except KilnetError as e:
+            if str(e).startswith(f"{name} ("):
+                raise
+            raise type(e)(f"{name} ({op}): {e}") from None
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+            raise GraphError(f"{name} ({op}): invalid attributes {attrs!r} "
+                             f"({type(e).__name__}: {e})") from None
+        if count is not None:
+            self._counters[op] = count
         self.nodes.append(node)
         self._by_name[name] = node
         for i in nodes:
@@ -131,6 +147,22 @@ class Graph:
         lines = [f"graph {self.name}:"] + [f"  {n!r}" for n in self.nodes]
         lines += [f"  output {k} = %{v.name}" for k, v in self.outputs.items()]
         return "\n".join(lines)
+
+
+def _plain(v):
+    """numpy scalars (np.int64(3), np.float32(0.1)) as the Python numbers ops check for and JSON
+    can store; lists and tuples element by element."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if hasattr(v, "dtype") and getattr(v, "shape", None) == ():   # numpy scalar or 0-d array
+        v = v.item()
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return int(v)
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_plain(x) for x in v)
+    return v
 
 
 def graph_of(x, op):
@@ -160,6 +192,6 @@ def from_dict(d):
                 g.add(n["op"], inputs, dict(n["attrs"]), name=n["name"])
         for k, v in d["outputs"].items():
             g.output(k, Value(g.node(v)))
-    except (KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise GraphError(f"graph description is malformed: {type(e).__name__}: {e}") from None
     return g
