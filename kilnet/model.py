@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from .errors import FeedError, KilnetError
+from .errors import CompileError, FeedError, GraphError
 from .runtime.executor import Executor
 
 
@@ -35,7 +35,9 @@ class Model:
     def train_step(self, feeds, targets):
         """One training step (forward, loss, backward, state update, optimizer); returns the loss."""
         if self.optimizer is None:
-            raise KilnetError("train_step needs a model compiled with an optimizer (and a loss)")
+            raise CompileError(f"train_step: model {self.graph.name!r} was compiled without an "
+                               f"optimizer; compile it with optimizer=kn.SGD(...) or kn.Adam(...) "
+                               f"and a loss")
         _, arrays = self._feeds(feeds)
         tarrays = self._targets(targets)
         with self._exec.lock:
@@ -85,7 +87,7 @@ class Model:
                 return self.plan.sources[launch.kernel]
         if name in self.plan.sources:
             return self.plan.sources[name]
-        raise KilnetError(f"no launch or kernel named {name!r}; launches: "
+        raise GraphError(f"source: no launch or kernel named {name!r}; launches: "
                           f"{', '.join(launch.name for launch in self.plan.launches)}")
 
     def memory_map(self):
@@ -130,7 +132,8 @@ class Model:
 
     def _require_loss(self, what):
         if not self.plan.training:
-            raise KilnetError(f"{what} needs a model compiled with a loss")
+            raise CompileError(f"{what}: model {self.graph.name!r} was compiled without a loss; "
+                               f"compile it with loss={{output: kind}}")
 
     def _loss(self):
         return float(sum(self._exec.read(b).astype(np.float64).sum() for b in self.plan.losses))
@@ -221,8 +224,22 @@ class Params:
 
     def _check(self, name):
         if name not in self._names:
-            raise KilnetError(f"model has no parameter or state {name!r}; it has: {', '.join(self._names)}")
+            raise FeedError(f"model has no parameter or state {name!r}; it has: {', '.join(self._names)}")
         return self._m.plan.buffers[name]
+
+    def _validated(self, name, value):
+        """``value`` as an array of the model's dtype, or a FeedError naming the parameter."""
+        b = self._check(name)
+        try:
+            arr = np.asarray(value)
+        except Exception as e:  # ragged lists and the like
+            raise FeedError(f"parameter {name!r}: cannot be read as an array ({e})") from None
+        if arr.dtype.kind not in "biuf" or not np.can_cast(arr.dtype, self._m._exec.np_dtype, "same_kind"):
+            raise FeedError(f"parameter {name!r}: dtype {arr.dtype} cannot be cast safely to "
+                            f"{self._m.dtype}")
+        if arr.shape != tuple(b.shape):
+            raise FeedError(f"parameter {name!r}: got shape {arr.shape}, needs {tuple(b.shape)}")
+        return arr.astype(self._m._exec.np_dtype)
 
     def __getitem__(self, name):
         b = self._check(name)
@@ -230,26 +247,20 @@ class Params:
             return self._m._exec.read(name).reshape(b.shape)
 
     def __setitem__(self, name, value):
-        b = self._check(name)
-        arr = np.asarray(value)
-        if arr.dtype.kind not in "biuf" or not np.can_cast(arr.dtype, self._m._exec.np_dtype, "same_kind"):
-            raise FeedError(f"parameter {name!r}: dtype {arr.dtype} cannot be cast safely to "
-                            f"{self._m.dtype}")
-        if arr.shape != tuple(b.shape):
-            raise FeedError(f"parameter {name!r}: got shape {arr.shape}, needs {tuple(b.shape)}")
-        with self._m._exec.lock:
-            self._m._exec.write(name, arr)
-            self._m._exec.finish()
+        self.update({name: value})
 
     def update(self, values):
         """Assign several at once; all are checked before any is written."""
-        values = dict(values)
-        for k, v in values.items():
-            b, arr = self._check(k), np.asarray(v)
-            if arr.shape != tuple(b.shape):
-                raise FeedError(f"parameter {k!r}: got shape {arr.shape}, needs {tuple(b.shape)}")
-        for k, v in values.items():
-            self[k] = v
+        try:
+            values = dict(values)
+        except (TypeError, ValueError):
+            raise FeedError(f"params.update needs a mapping {{name: array}}, got "
+                            f"{type(values).__name__}") from None
+        arrays = {k: self._validated(k, v) for k, v in values.items()}
+        with self._m._exec.lock:
+            for k, arr in arrays.items():
+                self._m._exec.write(k, arr)
+            self._m._exec.finish()
 
     def __repr__(self):
         return f"Params({', '.join(self._names)})"
