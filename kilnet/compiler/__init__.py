@@ -1,4 +1,6 @@
 """The compiler: graph -> plan (shapes, backward schedule, memory, renders, bindings) -> model."""
+import numbers
+
 from ..errors import CompileError, GraphError
 from ..graph import Graph
 from ..ops.optimizers import Optimizer
@@ -23,14 +25,17 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
         raise GraphError(f"compile: expected a kn.Graph, got {type(graph).__name__}")
     if not graph.outputs:
         raise GraphError(f"graph {graph.name!r} has no outputs; mark one with g.output(name, value)")
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+    if not isinstance(batch, numbers.Integral) or isinstance(batch, bool) or batch < 1:
         raise CompileError(f"batch must be an int >= 1, got {batch!r}")
+    batch = int(batch)
     if dtype not in DTYPES:
         raise CompileError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if optimizer is not None and not isinstance(optimizer, Optimizer):
-        raise CompileError(f"optimizer must be kn.SGD(...) or kn.Adam(...), got {optimizer!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise CompileError(f"seed must be an int, got {seed!r}")
+        raise CompileError(f"optimizer must be an instance such as kn.SGD(lr, momentum) or "
+                           f"kn.Adam(lr), got {optimizer!r}")
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
+        raise CompileError(f"seed must be an int >= 0, got {seed!r}")
+    seed = int(seed)
     loss = check_loss_spec(graph, loss)
     if optimizer is not None and not loss:
         raise CompileError("an optimizer needs a loss: pass loss={output: kind}")
