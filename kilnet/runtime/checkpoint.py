@@ -1,20 +1,56 @@
 """Checkpoints (.kiln): a zip (numpy .npz) of one JSON header and plain arrays — parameters,
 state, optimizer moments — and nothing that could execute when loaded (no pickle).
 
+The zip's comment seals the file: ``kilnet-sha256:`` and the SHA-256 of every byte before the
+comment's length field, so any corrupted byte (data, zip metadata, header) is refused on load
+before anything is parsed.
+
 Saves are atomic: write a temporary file beside the target, fsync it, rename it over the target,
 fsync the directory. A failed save leaves the previous file as it was.
 """
+import hashlib
+import io
 import json
 import os
+import struct
 import tempfile
-import zipfile
 
 import numpy as np
 
-from ..errors import CheckpointError, KilnetError
+from ..errors import CheckpointError, CompileError, KilnetError
 
 FORMAT = "kilnet-checkpoint"
 VERSION = 1
+SEAL = b"kilnet-sha256:"
+_SEAL_LEN = len(SEAL) + 64
+
+
+def _seal(zip_bytes):
+    """Put the digest in the zip comment of an (uncommented) zip archive."""
+    if zip_bytes[-22:-18] != b"PK\x05\x06" or zip_bytes[-2:] != b"\0\0":
+        raise ValueError("expected a zip archive without a comment")
+    body = zip_bytes[:-2]
+    return body + struct.pack("<H", _SEAL_LEN) + SEAL + hashlib.sha256(body).hexdigest().encode()
+
+
+def _unseal(data, path):
+    """The archive's bytes if the seal matches them, else CheckpointError."""
+    if len(data) < 22 + _SEAL_LEN or data[-_SEAL_LEN:-64] != SEAL or \
+            data[-_SEAL_LEN - 2:-_SEAL_LEN] != struct.pack("<H", _SEAL_LEN):
+        raise CheckpointError(f"{path}: not a kilnet checkpoint (no kilnet seal at its end: "
+                              f"truncated, or another kind of file)")
+    body = data[:-_SEAL_LEN - 2]
+    if hashlib.sha256(body).hexdigest().encode() != data[-64:]:
+        raise CheckpointError(f"{path}: checkpoint is corrupted (its SHA-256 does not match the seal)")
+    return data
+
+
+def _json_default(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    raise TypeError(f"{type(v).__name__} is not JSON serialisable")
 
 
 def save(model, path):
@@ -26,7 +62,12 @@ def save(model, path):
               "optimizer": None if plan.optimizer is None else
               {"kind": plan.optimizer.kind, "config": plan.optimizer.config()},
               "step": model.step}
-    arrays = {"header": np.frombuffer(json.dumps(header).encode(), np.uint8)}
+    path = os.fspath(path)
+    try:
+        text = json.dumps(header, default=_json_default)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: the architecture cannot be stored ({e})") from None
+    arrays = {"header": np.frombuffer(text.encode(), np.uint8)}
     with model._exec.lock:
         for name in list(plan.params) + list(plan.state):
             arrays[f"p/{name}"] = model._exec.read(name)
@@ -34,19 +75,25 @@ def save(model, path):
             for name in plan.params:
                 for i in range(1, plan.optimizer.moments + 1):
                     arrays[f"m{i}/{name}"] = model._exec.read(f"{name}.m{i}")
-    path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".kiln-", suffix=".tmp", dir=folder)
+    tmp = None
     try:
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        data = _seal(buf.getvalue())
+        fd, tmp = tempfile.mkstemp(prefix=".kiln-", suffix=".tmp", dir=folder)
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+        tmp = None
+    except Exception as e:
+        raise CheckpointError(f"{path}: saving the checkpoint failed, the previous file (if any) is "
+                              f"unchanged ({type(e).__name__}: {e})") from e
+    finally:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-        raise
     try:
         dfd = os.open(folder, os.O_RDONLY)
         try:
@@ -59,12 +106,22 @@ def save(model, path):
 
 def _read(path):
     try:
-        with np.load(os.fspath(path), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+        with open(os.fspath(path), "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such file") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as e:
+    except (OSError, TypeError) as e:
+        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+    data = _unseal(data, path)
+    try:
+        # allow_pickle=False: an object array is refused, never unpickled.
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as e:  # whatever a malformed zip or .npy raises
         raise CheckpointError(f"{path}: not a readable kilnet checkpoint ({type(e).__name__}: {e})") from None
+    bad = [k for k, a in arrays.items() if not isinstance(a, np.ndarray) or a.dtype.kind not in "uif"]
+    if bad:
+        raise CheckpointError(f"{path}: entries {bad} are not plain numeric arrays")
     try:
         header = json.loads(arrays.pop("header").tobytes().decode())
     except (KeyError, ValueError, UnicodeDecodeError) as e:
@@ -83,6 +140,11 @@ def load(path, device=None, batch=None):
     from ..compiler import compile
     from ..graph import from_dict
     from ..ops.optimizers import from_config
+    from .device import select
+    if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
+        raise CompileError(f"load: batch must be None or an int >= 1, got {batch!r}")
+    if not hasattr(device, "int_ptr"):     # a bad device choice is not the file's fault
+        device = select(device)
     header, arrays = _read(path)
     try:
         graph = from_dict(header["graph"])
@@ -92,10 +154,12 @@ def load(path, device=None, batch=None):
         model = compile(graph, batch=c["batch"] if batch is None else batch, optimizer=optimizer,
                         loss=c["loss"] or None, dtype=c["dtype"], device=device, seed=c["seed"],
                         input_grads=c.get("input_grads", False))
-        step = int(header["step"])
+        step = header["step"]
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
     except KilnetError as e:
         raise CheckpointError(f"{path}: the saved architecture does not compile: {e}") from None
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path}: checkpoint header is malformed ({type(e).__name__}: {e})") from None
     plan = model.plan
     wanted = {f"p/{n}": n for n in list(plan.params) + list(plan.state)}
@@ -108,8 +172,8 @@ def load(path, device=None, batch=None):
                               f"unexpected {extra})")
     for key, buf in wanted.items():
         a = arrays[key]
-        if a.dtype != model._exec.np_dtype or a.size != plan.buffers[buf].size:
-            raise CheckpointError(f"{path}: array {key!r} is {a.dtype}[{a.size}], needs "
+        if a.dtype != model._exec.np_dtype or a.shape != (plan.buffers[buf].size,):
+            raise CheckpointError(f"{path}: array {key!r} is {a.dtype}{list(a.shape)}, needs "
                                   f"{model.dtype}[{plan.buffers[buf].size}]")
     for key, buf in wanted.items():
         model._exec.write(buf, arrays[key])
