@@ -10,14 +10,17 @@ from .errors import GraphError, KilnetError, ShapeError
 
 
 def _shape(shape, what):
-    if isinstance(shape, int):
+    raw = shape
+    if isinstance(shape, numbers.Integral):
         shape = (shape,)
     try:
-        shape = tuple(shape)
+        if isinstance(shape, (str, bytes)):
+            raise TypeError
+        shape = tuple(_plain(d) for d in shape)
     except TypeError:
-        raise ShapeError(f"{what}: shape must be a tuple of positive ints, got {shape!r}") from None
+        raise ShapeError(f"{what}: shape must be a tuple of positive ints, got {raw!r}") from None
     if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-        raise ShapeError(f"{what}: shape must be a non-empty tuple of positive ints, got {shape!r}")
+        raise ShapeError(f"{what}: shape must be a non-empty tuple of positive ints, got {raw!r}")
     return shape
 
 
