@@ -113,12 +113,18 @@ def _read(path):
     except (OSError, TypeError) as e:
         raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
     data = _unseal(data, path)
+    arrays, key = {}, None
     try:
         # allow_pickle=False: an object array is refused, never unpickled.
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+            if not hasattr(z, "files"):
+                raise ValueError("a single .npy array, not an archive")
+            for key in z.files:
+                arrays[key] = z[key]
     except Exception as e:  # whatever a malformed zip or .npy raises
-        raise CheckpointError(f"{path}: not a readable kilnet checkpoint ({type(e).__name__}: {e})") from None
+        where = f" at entry {key!r}" if key is not None else ""
+        raise CheckpointError(f"{path}: not a readable kilnet checkpoint{where} "
+                              f"({type(e).__name__}: {e})") from None
     bad = [k for k, a in arrays.items() if not isinstance(a, np.ndarray) or a.dtype.kind not in "uif"]
     if bad:
         raise CheckpointError(f"{path}: entries {bad} are not plain numeric arrays")
