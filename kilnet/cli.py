@@ -1,0 +1,205 @@
+"""The ``kilnet`` command: look at devices and at the kernels a model compiles to.
+
+    kilnet devices
+    kilnet inspect examples/two_spirals.py                     # calls build_model()
+    kilnet inspect examples/two_spirals.py:build_model --kernel dense_1.forward
+    kilnet inspect mypkg.models:make_graph --batch 32 --memory
+    kilnet bench [--steps N] [--device D]
+
+``inspect`` loads a Python file as a module (its ``if __name__ == "__main__"`` block does not
+run) or imports ``package.module``, calls the named function (default ``build_model``) with no
+arguments, and expects a compiled model or a ``kn.Graph`` (compiled for inference with
+``--batch``, default 1).
+"""
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A bad argument: printed as ``kilnet: error: ...`` with exit status 2."""
+
+
+# -- devices --------------------------------------------------------------------------------
+def cmd_devices(args):
+    from .runtime.device import devices
+    rows = devices()
+    if not rows:
+        print("OpenCL reports no device")
+        return 1
+    head = ("id", "platform", "device", "type", "units", "memory", "local", "max wg", "fp64")
+    table = [head] + [(d["id"], d["platform"], d["device"], d["type"], str(d["compute_units"]),
+                       f"{d['global_mem_mb']} MiB", f"{d['local_mem_kb']} KiB",
+                       str(d["max_work_group_size"]), "yes" if d["fp64"] else "no") for d in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    for r in table:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    chosen = os.environ.get("KILNET_DEVICE")
+    print(f"\nKILNET_DEVICE={chosen!r}" if chosen else
+          "\nKILNET_DEVICE is not set: models take the first GPU, else the first device above")
+    return 0
+
+
+# -- inspect --------------------------------------------------------------------------------
+def _split_target(target):
+    """'path.py', 'path.py:func', 'pkg.mod:func' -> (kind, where, function name)."""
+    where, func = target, None
+    head, sep, tail = target.rpartition(":")
+    # "C:\\x.py" style drive letters are not a function separator.
+    if sep and tail and "/" not in tail and "\\" not in tail and not (len(head) == 1 and head.isalpha()):
+        where, func = head, tail
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        return "file", where, func or "build_model"
+    if not where or not all(part.isidentifier() for part in where.split(".")):
+        raise UsageError(f"{target!r}: give a Python file (model.py, model.py:function) or a "
+                         f"module (mypkg.models, mypkg.models:function)")
+    return "module", where, func or "build_model"
+
+
+def _load_file(path):
+    if not os.path.isfile(path):
+        raise UsageError(f"no such file: {path}")
+    name = "_kilnet_inspect_" + "".join(c if c.isalnum() else "_" for c in
+                                          os.path.splitext(os.path.basename(path))[0])
+    spec = importlib.util.spec_from_file_location(name, os.path.abspath(path))
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path}: cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    folder = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, folder)      # so the file can import its neighbours, as when run directly
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise UsageError(f"{path}: syntax error at line {e.lineno}: {e.msg}") from None
+    finally:
+        if sys.path and sys.path[0] == folder:
+            sys.path.pop(0)
+    return module
+
+
+def _load_module(name):
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())     # as `python -m` does, so local packages import
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and (name == e.name or name.startswith(e.name + ".")):
+            raise UsageError(f"no module named {name!r} (is it installed or on PYTHONPATH?)") from None
+        raise
+
+
+def load_model(target, batch=1):
+    """Resolve ``target`` to a compiled model (compiling a Graph for inference at ``batch``)."""
+    import kilnet as kn
+    from .model import Model
+    kind, where, func = _split_target(target)
+    module = _load_file(where) if kind == "file" else _load_module(where)
+    fn = getattr(module, func, None)
+    if fn is None:
+        what = f"file {where}" if kind == "file" else f"module {where}"
+        raise UsageError(f"{what} has no function {func!r}"
+                         + (" (name one with FILE.py:FUNCTION)" if kind == "file" else ""))
+    if not callable(fn):
+        raise UsageError(f"{where}:{func} is not a function")
+    result = fn()
+    if isinstance(result, kn.Graph):
+        return kn.compile(result, batch=batch)
+    if isinstance(result, Model):
+        return result
+    raise UsageError(f"{where}:{func}() returned {type(result).__name__}; it must return a "
+                     f"compiled model (kn.compile(...)) or a kn.Graph")
+
+
+def cmd_inspect(args):
+    from .inspect import kernel_table, memory_table
+    if args.batch < 1:
+        raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    model = load_model(args.target, batch=args.batch)
+    if args.kernel:
+        launch = next((la for la in model.kernels if args.kernel in (la.name, la.kernel)), None)
+        if launch is None:
+            raise UsageError(f"no launch named {args.kernel!r}; launches: "
+                             f"{', '.join(la.name for la in model.kernels)}")
+        print(f"// {launch.name}: kernel {launch.kernel}, global {launch.global_size}, "
+              f"local {launch.local_size}")
+        print("// args: " + ", ".join(
+            f"{a.slot}:{a.name}={a.buffer if a.name.endswith('_arena') else a.value}"
+            for a in launch.args))
+        print(model.source(args.kernel))
+    if args.memory:
+        if args.kernel:
+            print()
+        print(memory_table(model))
+    if not (args.kernel or args.memory):
+        print(model.summary())
+        print()
+        print(kernel_table(model))
+    return 0
+
+
+# -- bench ----------------------------------------------------------------------------------
+def cmd_bench(args):
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.path.join(os.getcwd(), "benchmarks", "train_step.py"),
+                  os.path.join(os.path.dirname(here), "benchmarks", "train_step.py")]
+    path = next((p for p in candidates if os.path.isfile(p)), None)
+    if path is None:
+        raise UsageError("benchmarks/train_step.py not found: run `kilnet bench` from a kilnet "
+                         "source checkout")
+    return _load_file(path).main(args.rest) or 0
+
+
+# -- entry point ----------------------------------------------------------------------------
+def parser():
+    ap = argparse.ArgumentParser(prog="kilnet", description="kilnet: neural networks compiled into "
+                                 "plans of specialised OpenCL kernels")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    p = sub.add_parser("devices", help="list the OpenCL devices kilnet can use")
+    p.set_defaults(func=cmd_devices)
+    p = sub.add_parser("inspect", help="show the kernels, sources and memory of a model",
+                       description="Load TARGET (file.py, file.py:function or module:function), call "
+                                   "the function (default build_model) and show what the model "
+                                   "compiles to.")
+    p.add_argument("target", help="file.py or module (calls build_model), file.py:function, or "
+                   "module:function")
+    p.add_argument("--kernel", metavar="NAME", help="print the OpenCL source of this launch "
+                   "(e.g. dense_1.forward) instead of the tables")
+    p.add_argument("--memory", action="store_true", help="print the memory map (buffers, roles, offsets)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="batch to compile for when the function returns a kn.Graph (default 1)")
+    p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("bench", help="time train steps of the qnet example (benchmarks/train_step.py)",
+                       description="Run benchmarks/train_step.py; other options (--device, --steps, "
+                                   "--per-kernel, ...) are passed on to it: see its --help.",
+                       add_help=False)
+    p.set_defaults(func=cmd_bench)
+    return ap
+
+
+def main(argv=None):
+    from .errors import KilnetError
+    ap = parser()
+    args, rest = ap.parse_known_args(argv)
+    if args.command == "bench":
+        args.rest = rest
+    elif rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        return args.func(args)
+    except UsageError as e:
+        ap.exit(USAGE_ERROR, f"kilnet: error: {e}\n")
+    except KilnetError as e:
+        ap.exit(1, f"kilnet: {type(e).__name__}: {e}\n")
+    except BrokenPipeError:     # `kilnet inspect ... | head`
+        sys.stderr.close()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
