@@ -76,7 +76,6 @@ def run(device=None, steps=20, warmup=3, batches=(1, 64), show_per_kernel=False,
                                                     steps, warmup)))
         if show_per_kernel:
             profiles[batch] = per_kernel(model, feeds, targets)
-        del model
     infer = kn.compile(qnet.build_graph(), batch=1, device=device)
     x1 = task.batch(rng, 1)[0]
     rows.append(_row("forward", 1, _time(lambda: infer.forward({"bars": x1}), steps, warmup)))
