@@ -85,7 +85,7 @@ def run(device=None, steps=20, warmup=3, batches=(1, 64), show_per_kernel=False,
     out(f"{'measurement':<14}{'batch':>6}{'median ms':>12}{'p10-p90 ms':>18}{'samples/s':>12}")
     for r in rows:
         out(f"{r['what']:<14}{r['batch']:>6}{r['median_ms']:>12.2f}"
-            f"{r['p10_ms']:>9.2f}-{r['p90_ms']:<8.2f}{r['samples_s']:>12.1f}")
+            f"{r['p10_ms']:>9.2f}-{r['p90_ms']:<8.2f}{r['samples_s']:>12.2f}")
     for batch, prof in profiles.items():
         whole = sum(t for _, t in prof)
         out(f"\ntraining step at batch {batch}, per launch (queue drained after each; "

@@ -1,0 +1,101 @@
+"""The examples and the benchmark run, learn (the loss falls, the classifier is accurate) and
+report what they did; their command lines reject bad settings."""
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(os.path.dirname(path))
+    return module
+
+
+@pytest.fixture(scope="module")
+def spirals():
+    return load(os.path.join(EXAMPLES, "two_spirals.py"), "example_two_spirals")
+
+
+@pytest.fixture(scope="module")
+def qnet():
+    return load(os.path.join(EXAMPLES, "qnet.py"), "example_qnet")
+
+
+def test_two_spirals_learns_and_reports(spirals, capsys):
+    result = spirals.main(["--steps", "300", "--log-every", "100", "--seed", "3"])
+    out = capsys.readouterr().out
+    losses = result["losses"]
+    assert len(losses) == 300 and all(math.isfinite(v) for v in losses)
+    first, last = sum(losses[:5]) / 5, sum(losses[-50:]) / 50
+    assert first > 0.55 and last < 0.4 * first, (first, last)      # starts near ln 2
+    assert result["test_accuracy"] > 0.95, result["test_accuracy"]
+    assert "model 'two_spirals'" in out and "distinct kernels" in out
+    assert [ln.split()[1] for ln in out.splitlines() if ln.startswith("step ")] == ["100", "200", "300"]
+    assert f"held-out {result['test_accuracy']:.1%}" in out
+
+
+def test_two_spirals_data_is_balanced_and_held_out_differs(spirals):
+    x, y = spirals.spirals(400, seed=0)
+    x2, _ = spirals.spirals(400, seed=10_000)
+    assert x.shape == (400, 2) and y.shape == (400, 2)
+    assert y.sum(0).tolist() == [200.0, 200.0]
+    assert not (x[:, None, :] == x2[None, :, :]).all(-1).any()
+
+
+def test_two_spirals_runs_as_a_script():
+    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "two_spirals.py"), "--steps", "40",
+                        "--log-every", "20", "--batch", "32"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "step    40" in r.stdout and "accuracy: train" in r.stdout
+
+
+@pytest.mark.parametrize("argv", [["--batch", "1"], ["--steps", "0"], ["--steps", "many"]])
+def test_two_spirals_rejects_bad_flags(spirals, argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        spirals.main(argv)
+    assert e.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_qnet_loss_falls(qnet, capsys):
+    result = qnet.main(["--steps", "6", "--batch", "8", "--samples", "16"])
+    out = capsys.readouterr().out
+    losses, epochs = result["losses"], result["epoch_losses"]
+    assert len(losses) == 6 and all(math.isfinite(v) for v in losses)
+    assert len(epochs) == 3
+    assert epochs[0] > 6.0 and epochs[2] < 0.7 * epochs[0], epochs
+    assert result["model"].graph.name == "qnet"
+    assert "model 'qnet': batch 8" in out and "mean loss per epoch" in out
+    assert "accuracy on the first batch" in out
+
+
+def test_qnet_build_model_is_the_design_model(qnet):
+    model = qnet.build_model(batch=2)
+    shapes = {n.name: n.shape for n in model.graph.nodes}
+    assert shapes == {"bars": (40, 12), "conv1d_1": (38, 32), "dense_1": (1000,),
+                      "dense_2": (45,), "softmax_1": (45,)}
+    assert model.params["dense_1.weight"].shape == (1000, 38 * 32)
+
+
+def test_benchmark_measures_each_configuration(capsys):
+    bench = load(os.path.join(ROOT, "benchmarks", "train_step.py"), "bench_train_step")
+    rows = bench.run(steps=2, warmup=1, batches=(2,), show_per_kernel=True)
+    out = capsys.readouterr().out
+    assert [(r["what"], r["batch"], r["n"]) for r in rows] == [("train_step", 2, 2), ("forward", 1, 2)]
+    for r in rows:
+        assert 0 < r["p10_ms"] <= r["median_ms"] <= r["p90_ms"]
+        assert r["samples_s"] == pytest.approx(r["batch"] / r["median_ms"] * 1e3)
+    assert "per launch" in out and "optimizer.update" in out and "dense_1.backward_weight" in out
