@@ -3,6 +3,7 @@
 Each buffer gets its own allocation (debug_buffers) so a write past a buffer's end is an invalid
 access, and buffers that a step must rewrite start as NaN (poison) so a missed write shows up.
 """
+import os
 import sys
 
 import numpy as np
@@ -28,6 +29,17 @@ def build():
 
 
 def main():
+    for kind in ("cpu", "gpu"):      # both kernel forms: vector (CPU) and local-memory tiles (GPU)
+        os.environ["KILNET_TARGET"] = kind
+        run()
+    print("kernels run:", len(KERNELS))
+    return 0
+
+
+KERNELS = set()
+
+
+def run():
     rng = np.random.default_rng(0)
     B = 3
     feeds = {"x": rng.standard_normal((B, 7, 3))}
@@ -47,8 +59,8 @@ def main():
     inf = kn.compile(build(), batch=1, debug_buffers=True, poison=True)
     out = inf.forward({"x": feeds["x"][:1]})
     assert all(np.isfinite(v).all() for v in out.values())
-    print("kernels run:", len({k.kernel for k in m.kernels} | {k.kernel for k in inf.kernels}))
-    return 0
+    KERNELS.update(k.kernel + m.plan.sources[k.kernel] for k in m.kernels)
+    KERNELS.update(k.kernel + inf.plan.sources[k.kernel] for k in inf.kernels)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ import numbers
 from ..errors import CompileError, GraphError
 from ..graph import Graph
 from ..ops.optimizers import Optimizer
+from ..runtime.device import select as select_device
 from .lower import check_loss_spec, lower
+from .target import Target
 
 DTYPES = ("float32", "float64")
 
@@ -39,5 +41,7 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
     loss = check_loss_spec(graph, loss)
     if optimizer is not None and not loss:
         raise CompileError("an optimizer needs a loss: pass loss={output: kind}")
-    plan = lower(graph, batch, dtype, loss, optimizer, bool(input_grads), bool(debug_buffers))
-    return Model(plan, device=device, seed=seed, poison=poison)
+    dev = select_device(device)
+    plan = lower(graph, batch, dtype, loss, optimizer, bool(input_grads), bool(debug_buffers),
+                 Target.of(dev))
+    return Model(plan, device=dev, seed=seed, poison=poison)

@@ -13,6 +13,7 @@ from ..ops.softmax import cross_entropy
 from . import memory
 from .plan import Arg, Launch, Plan
 from .specialise import Specialiser
+from .target import GPU
 
 
 def root(node):
@@ -27,7 +28,7 @@ class Context:
 
     def __init__(self, lowering, node, training):
         self._l, self.node, self.training = lowering, node, training
-        self.batch, self.dtype = lowering.batch, lowering.dtype
+        self.batch, self.dtype, self.target = lowering.batch, lowering.dtype, lowering.target
         self._dx, self._acc = {}, {}
 
     def x(self, i):
@@ -62,8 +63,8 @@ class Context:
 
 
 class Lowering:
-    def __init__(self, graph, batch, dtype, loss, optimizer, input_grads, debug_buffers):
-        self.graph, self.batch, self.dtype = graph, batch, dtype
+    def __init__(self, graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target):
+        self.graph, self.batch, self.dtype, self.target = graph, batch, dtype, target
         self.loss, self.optimizer = loss, optimizer
         self.input_grads, self.debug_buffers = input_grads, debug_buffers
         self.buffers = {}
@@ -252,9 +253,10 @@ def _size(shape):
     return n
 
 
-def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers=False):
+def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers=False,
+          target=GPU):
     ctype = {"float32": "float", "float64": "double"}[dtype]
-    lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers)
+    lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target)
     lo.declare_params()
     lo.forward()
     if loss:

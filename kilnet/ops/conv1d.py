@@ -7,6 +7,7 @@ im2col with row stride step·C); both gradients are GEMMs too.
 from ..compiler import symbolic
 from ..graph import graph_of
 from .base import Op, Param, int_attr, need, register
+from .activation import scale_by_derivative
 from .gemm import column_sum, gemm
 
 
@@ -47,30 +48,29 @@ class Conv1d(Op):
 
     def forward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
-        return [gemm("forward", M=Uo, N=F, K=W * C, batch=ctx.batch, a=ctx.x(0), w=ctx.p("weight"),
+        return [gemm(ctx, "forward", M=Uo, N=F, K=W * C, batch=ctx.batch, a=ctx.x(0), w=ctx.p("weight"),
                      out=ctx.y, a_idx=f"b*{U * C} + m*{S * C} + k", b_idx=f"n*{W * C} + k",
                      c_idx=f"b*{Uo * F} + m*{F} + n", a_kfast=True, b_nfast=False,
                      bias=ctx.p("bias"), act=act, z=self._z(node, ctx) if ctx.training else None)]
 
     def backward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
-        B, z = ctx.batch, self._z(node, ctx)
-        ks = []
+        B = ctx.batch
+        ks = scale_by_derivative(ctx, act, self._z(node, ctx), B * Uo * F)   # dY becomes dZ
         if ctx.dx(0):
             # dX[b, i, c] = Σ_{j, f} dZ[b, (i − j)/S, f]·W[f, j, c] over taps j where (i − j) is a
             # multiple of S inside [0, Uo·S): a GEMM over k = (j, f) with a predicate on A.
             u = f"(m - k/{F})"
             pred = f"{u} >= 0 && {u} < {Uo * S}" + (f" && {u} % {S} == 0" if S > 1 else "")
-            ks.append(gemm("backward_input", M=U, N=C, K=W * F, batch=B, a=ctx.dy,
+            ks.append(gemm(ctx, "backward_input", M=U, N=C, K=W * F, batch=B, a=ctx.dy,
                            w=ctx.p("weight"), out=ctx.dx(0),
                            a_idx=f"b*{Uo * F} + ({u}/{S})*{F} + k%{F}", a_pred=pred,
                            b_idx=f"(k%{F})*{W * C} + (k/{F})*{C} + n", c_idx=f"b*{U * C} + m*{C} + n",
-                           a_kfast=True, b_nfast=True, za=z, dact=act, accumulate=ctx.acc(0)))
+                           a_kfast=True, b_nfast=True, accumulate=ctx.acc(0)))
         # dW[f, (j, c)] = Σ_{b, u} dZ[b, u, f]·x[b, u·S + j, c]: a GEMM over k = (b, u).
-        ks.append(gemm("backward_weight", M=F, N=W * C, K=B * Uo, a=ctx.dy, w=ctx.x(0),
+        ks.append(gemm(ctx, "backward_weight", M=F, N=W * C, K=B * Uo, a=ctx.dy, w=ctx.x(0),
                        out=ctx.dp("weight"), a_idx=f"k*{F} + m",
                        b_idx=f"(k/{Uo})*{U * C} + (k%{Uo})*{S * C} + n", c_idx=f"m*{W * C} + n",
-                       a_kfast=False, b_nfast=True, za=z, dact=act))
-        ks.append(column_sum("backward_bias", rows=B * Uo, cols=F, src=ctx.dy, out=ctx.dp("bias"),
-                             za=z, dact=act))
+                       a_kfast=False, b_nfast=True))
+        ks.append(column_sum("backward_bias", rows=B * Uo, cols=F, src=ctx.dy, out=ctx.dp("bias")))
         return ks

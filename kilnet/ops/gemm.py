@@ -6,6 +6,9 @@ from ..compiler import symbolic
 from .base import kernel, pow2_at_least, round_up
 
 TK = 16
+VEC_BYTES = 32             # vector width of the CPU form: one AVX register (8 floats, 4 doubles)
+VEC_TILE_K = (4, 2)        # RM×RN vector accumulators in the k-vector form
+VEC_TILE_N_ROWS = 4        # rows per work-item in the n-vector form
 
 
 def tiles(M, N):
@@ -17,33 +20,47 @@ def tiles(M, N):
     return TM, TN, 2, 2
 
 
-def gemm(step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast, batch=1,
-         a_pred=None, bias=None, act="none", z=None, za=None, dact=None, accumulate=False):
-    """out[C_IDX] (=|+=) act(bias[n] + Σ_k a[A_IDX]·(act'(za[A_IDX]) if dact) · w[B_IDX])."""
-    TM, TN, RM, RN = tiles(M, N)
-    consts = dict(M=M, N=N, K=K, TM=TM, TN=TN, TK=TK, RM=RM, RN=RN,
-                  a_idx=a_idx, b_idx=b_idx, c_idx=c_idx, a_kfast=a_kfast, b_nfast=b_nfast,
-                  a_pred=a_pred, bias=bias is not None, store_z=z is not None,
-                  act=symbolic.forward_c(act), accumulate=accumulate,
-                  dact=symbolic.derivative_c(dact) if dact and dact != "none" else None)
+def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast, batch=1,
+         a_pred=None, bias=None, act="none", z=None, accumulate=False):
+    """out[C_IDX] (=|+=) act(bias[n] + Σ_k a[A_IDX]·w[B_IDX]), keeping the pre-activation in z.
+
+    a_kfast: A is contiguous in k (else in m); b_nfast: B is contiguous in n (else in k).
+    """
+    consts = dict(M=M, N=N, K=K, a_idx=a_idx, b_idx=b_idx, c_idx=c_idx, a_kfast=a_kfast,
+                  b_nfast=b_nfast, a_pred=a_pred, bias=bias is not None, store_z=z is not None,
+                  act=symbolic.forward_c(act), accumulate=accumulate)
     buffers = {"a": a, "w": w, "out": out}
     if bias is not None:
         buffers["bias"] = bias
     if z is not None:
         buffers["z"] = z
-    if consts["dact"]:
-        buffers["za"] = za
+    if ctx.target.kind == "cpu":
+        return _vector_gemm(step, consts, buffers, batch, VEC_BYTES // (8 if ctx.dtype == "double" else 4))
+    TM, TN, RM, RN = tiles(M, N)
+    consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN)
     local = (TN // RN, TM // RM, 1)
     glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch)
     return kernel(step, "gemm", consts, buffers, glob, local)
 
 
-def column_sum(step, *, rows, cols, src, out, za=None, dact=None, accumulate=False):
-    """out[n] (=|+=) Σ_r src[r·cols + n]·act'(za[r·cols + n]): bias gradients."""
-    consts = dict(R=rows, N=cols, accumulate=accumulate,
-                  dact=symbolic.derivative_c(dact) if dact and dact != "none" else None)
+def _vector_gemm(step, consts, buffers, batch, vec):
+    """CPU form: k-vectors when both operands run along k, else n-vectors of B."""
+    M, N = consts["M"], consts["N"]
+    kvec = consts["a_kfast"] and not consts["b_nfast"] and not consts["a_pred"]
+    if kvec:
+        RM, RN = VEC_TILE_K
+        consts.update(form="kvec", V=vec, RM=RM, RN=RN)
+    else:
+        assert consts["b_nfast"], "n-vector form needs B contiguous in n"
+        consts.update(form="nvec", V=vec, RM=VEC_TILE_N_ROWS, RN=vec)
+    gx, gy = -(-N // consts["RN"]), -(-M // consts["RM"])
+    lx = min(16, pow2_at_least(gx, 16))
+    return kernel(step, "gemm_vec", consts, buffers, (round_up(gx, lx), gy, batch), (lx, 1, 1))
+
+
+def column_sum(step, *, rows, cols, src, out, accumulate=False):
+    """out[n] (=|+=) Σ_r src[r·cols + n]: bias gradients."""
+    consts = dict(R=rows, N=cols, accumulate=accumulate)
     buffers = {"src": src, "out": out}
-    if consts["dact"]:
-        buffers["za"] = za
     local = min(64, pow2_at_least(cols, 64))
     return kernel(step, "column_sum", consts, buffers, (round_up(cols, local),), (local,))

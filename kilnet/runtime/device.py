@@ -37,8 +37,11 @@ def devices():
 
 
 def select(spec=None):
-    """The pyopencl device for ``spec``: None, 'pocl', 'nvidia', 'gpu', 'cpu', or 'P:D'."""
+    """The pyopencl device for ``spec``: None, 'pocl', 'nvidia', 'gpu', 'cpu', 'P:D', or a
+    pyopencl.Device (e.g. another model's ``model.device``)."""
     cl = _cl()
+    if isinstance(spec, cl.Device):
+        return spec
     if spec is None:
         spec = os.environ.get("KILNET_DEVICE") or None
     pairs = [(p, d) for p in _platforms() for d in p.get_devices()]

@@ -17,7 +17,7 @@ class Executor:
         import pyopencl as cl
         self.cl = cl
         self.plan = plan
-        self.device = devmod.select(device) if not hasattr(device, "int_ptr") else device
+        self.device = devmod.select(device)
         self.np_dtype = NP_DTYPE[plan.dtype]
         self.item = np.dtype(self.np_dtype).itemsize
         self._check_device()
