@@ -56,6 +56,14 @@ def run():
         assert all(np.isfinite(v).all() for v in grads.values()), "non-finite gradient"
         assert all(np.isfinite(v).all() for v in out.values()), "non-finite output"
         assert np.isfinite(losses).all()
+    # A long batch and few outputs: the GPU form splits the weight gradient's k over work-groups.
+    g = kn.Graph("split_k")
+    g.output("y", kn.dense(g.input("x", (5,)), 3))
+    wide = kn.compile(g, batch=300, optimizer=kn.SGD(lr=0.1), loss="mse", debug_buffers=True,
+                      poison=True)
+    wide.train_step({"x": rng.standard_normal((300, 5))}, {"y": rng.standard_normal((300, 3))})
+    assert np.isfinite(wide.params["dense_1.weight"]).all()
+    KERNELS.update(k.kernel + wide.plan.sources[k.kernel] for k in wide.kernels)
     inf = kn.compile(build(), batch=1, debug_buffers=True, poison=True)
     out = inf.forward({"x": feeds["x"][:1]})
     assert all(np.isfinite(v).all() for v in out.values())

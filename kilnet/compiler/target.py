@@ -9,6 +9,7 @@ from ..errors import CompileError
 class Target:
     kind: str                  # "cpu": barrier-free vector kernels; "gpu": local-memory tiles
     max_work_group: int = 256
+    compute_units: int = 16
     local_mem: int = 32768     # bytes
     name: str = ""
 
@@ -20,7 +21,8 @@ class Target:
         kind = os.environ.get("KILNET_TARGET") or ("cpu" if device.type & cl.device_type.CPU else "gpu")
         if kind not in ("cpu", "gpu"):
             raise CompileError(f"KILNET_TARGET must be 'cpu' or 'gpu', got {kind!r}")
-        return cls(kind, device.max_work_group_size, device.local_mem_size, device.name.strip())
+        return cls(kind, device.max_work_group_size, device.max_compute_units, device.local_mem_size,
+                   device.name.strip())
 
 
 GPU = Target("gpu")

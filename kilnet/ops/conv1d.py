@@ -48,10 +48,10 @@ class Conv1d(Op):
 
     def forward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
-        return [gemm(ctx, "forward", M=Uo, N=F, K=W * C, batch=ctx.batch, a=ctx.x(0), w=ctx.p("weight"),
-                     out=ctx.y, a_idx=f"b*{U * C} + m*{S * C} + k", b_idx=f"n*{W * C} + k",
-                     c_idx=f"b*{Uo * F} + m*{F} + n", a_kfast=True, b_nfast=False,
-                     bias=ctx.p("bias"), act=act, z=self._z(node, ctx) if ctx.training else None)]
+        return gemm(ctx, "forward", M=Uo, N=F, K=W * C, batch=ctx.batch, a=ctx.x(0), w=ctx.p("weight"),
+                    out=ctx.y, a_idx=f"b*{U * C} + m*{S * C} + k", b_idx=f"n*{W * C} + k",
+                    c_idx=f"b*{Uo * F} + m*{F} + n", a_kfast=True, b_nfast=False,
+                    bias=ctx.p("bias"), act=act, z=self._z(node, ctx) if ctx.training else None)
 
     def backward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
@@ -62,15 +62,15 @@ class Conv1d(Op):
             # multiple of S inside [0, Uo·S): a GEMM over k = (j, f) with a predicate on A.
             u = f"(m - k/{F})"
             pred = f"{u} >= 0 && {u} < {Uo * S}" + (f" && {u} % {S} == 0" if S > 1 else "")
-            ks.append(gemm(ctx, "backward_input", M=U, N=C, K=W * F, batch=B, a=ctx.dy,
-                           w=ctx.p("weight"), out=ctx.dx(0),
-                           a_idx=f"b*{Uo * F} + ({u}/{S})*{F} + k%{F}", a_pred=pred,
-                           b_idx=f"(k%{F})*{W * C} + (k/{F})*{C} + n", c_idx=f"b*{U * C} + m*{C} + n",
-                           a_kfast=True, b_nfast=True, accumulate=ctx.acc(0)))
+            ks += gemm(ctx, "backward_input", M=U, N=C, K=W * F, batch=B, a=ctx.dy,
+                       w=ctx.p("weight"), out=ctx.dx(0),
+                       a_idx=f"b*{Uo * F} + ({u}/{S})*{F} + k%{F}", a_pred=pred,
+                       b_idx=f"(k%{F})*{W * C} + (k/{F})*{C} + n", c_idx=f"b*{U * C} + m*{C} + n",
+                       a_kfast=True, b_nfast=True, accumulate=ctx.acc(0))
         # dW[f, (j, c)] = Σ_{b, u} dZ[b, u, f]·x[b, u·S + j, c]: a GEMM over k = (b, u).
-        ks.append(gemm(ctx, "backward_weight", M=F, N=W * C, K=B * Uo, a=ctx.dy, w=ctx.x(0),
-                       out=ctx.dp("weight"), a_idx=f"k*{F} + m",
-                       b_idx=f"(k/{Uo})*{U * C} + (k%{Uo})*{S * C} + n", c_idx=f"m*{W * C} + n",
-                       a_kfast=False, b_nfast=True))
-        ks.append(column_sum("backward_bias", rows=B * Uo, cols=F, src=ctx.dy, out=ctx.dp("bias")))
+        ks += gemm(ctx, "backward_weight", M=F, N=W * C, K=B * Uo, a=ctx.dy, w=ctx.x(0),
+                   out=ctx.dp("weight"), a_idx=f"k*{F} + m",
+                   b_idx=f"(k/{Uo})*{U * C} + (k%{Uo})*{S * C} + n", c_idx=f"m*{W * C} + n",
+                   a_kfast=False, b_nfast=True)
+        ks += column_sum(ctx, "backward_bias", rows=B * Uo, cols=F, src=ctx.dy, out=ctx.dp("bias"))
         return ks

@@ -1,6 +1,8 @@
-"""Tiled matrix products for the ops that are matrix products (dense, conv1d) and their gradients.
+"""Matrix products for the ops that are matrix products (dense, conv1d) and their gradients.
 
-The op states its product as index expressions; this module picks the tile shape.
+The op states its product as index expressions; this module picks the kernel form for the target
+(local-memory tiles on GPUs, vector registers on CPUs), the tile shape and a k-split. Each
+function returns a list of kernels.
 """
 from ..compiler import symbolic
 from .base import kernel, pow2_at_least, round_up
@@ -37,10 +39,30 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     if ctx.target.kind == "cpu":
         return _vector_gemm(step, consts, buffers, batch, VEC_BYTES // (8 if ctx.dtype == "double" else 4))
     TM, TN, RM, RN = tiles(M, N)
-    consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN)
+    consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN, KC=K, split=False)
     local = (TN // RN, TM // RM, 1)
-    glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch)
-    return kernel(step, "gemm", consts, buffers, glob, local)
+    groups = -(-M // TM) * -(-N // TN) * batch
+    split = _split(ctx, groups, K) if (batch == 1 and bias is None and z is None) else 1
+    if split == 1:
+        glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch)
+        return [kernel(step, "gemm", consts, buffers, glob, local)]
+    # Split-K: few output tiles but a long k (weight gradients summed over a large batch). Each
+    # z-slice sums one range of k into its own partial product; a column sum adds the slices.
+    assert c_idx.replace(" ", "") == f"m*{N}+n", "split-K needs a contiguous output"
+    kc = round_up(-(-K // split), TK)
+    split = -(-K // kc)
+    partial = ctx.scratch(f"{step}.partial", split * M * N)
+    consts.update(KC=kc, split=True, c_idx=f"b*{M * N} + m*{N} + n", accumulate=False,
+                  act=symbolic.forward_c("none"))
+    glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
+    return [kernel(step, "gemm", consts, dict(buffers, out=partial), glob, local)] + column_sum(
+        ctx, f"{step}_reduce", rows=split, cols=M * N, src=partial, out=out, accumulate=accumulate)
+
+
+def _split(ctx, groups, K):
+    """How many k-slices to cut so that the device has about two work-groups per compute unit."""
+    want = -(-2 * ctx.target.compute_units // groups)
+    return max(1, min(want, K // (8 * TK)))
 
 
 def _vector_gemm(step, consts, buffers, batch, vec):
@@ -55,12 +77,16 @@ def _vector_gemm(step, consts, buffers, batch, vec):
         consts.update(form="nvec", V=vec, RM=VEC_TILE_N_ROWS, RN=vec)
     gx, gy = -(-N // consts["RN"]), -(-M // consts["RM"])
     lx = min(16, pow2_at_least(gx, 16))
-    return kernel(step, "gemm_vec", consts, buffers, (round_up(gx, lx), gy, batch), (lx, 1, 1))
+    return [kernel(step, "gemm_vec", consts, buffers, (round_up(gx, lx), gy, batch), (lx, 1, 1))]
 
 
-def column_sum(step, *, rows, cols, src, out, accumulate=False):
-    """out[n] (=|+=) Σ_r src[r·cols + n]: bias gradients."""
-    consts = dict(R=rows, N=cols, accumulate=accumulate)
-    buffers = {"src": src, "out": out}
-    local = min(64, pow2_at_least(cols, 64))
-    return kernel(step, "column_sum", consts, buffers, (round_up(cols, local),), (local,))
+def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False):
+    """out[n] (=|+=) Σ_r src[r·cols + n]: bias gradients and split-K partials.
+
+    On a GPU, LY lanes of a work-group share each column's rows and meet in local memory; on a CPU
+    one work-item walks a column (no barriers)."""
+    LY = 1 if ctx.target.kind == "cpu" else min(16, pow2_at_least(-(-rows // 8), 16))
+    LX = min(64 // LY, pow2_at_least(cols, 64 // LY))
+    consts = dict(R=rows, N=cols, LX=LX, LY=LY, accumulate=accumulate)
+    return [kernel(step, "column_sum", consts, {"src": src, "out": out},
+                   (round_up(cols, LX), LY), (LX, LY))]
