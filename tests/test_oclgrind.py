@@ -21,10 +21,10 @@ gemm = importlib.import_module("kilnet.ops.gemm")
 dense = importlib.import_module("kilnet.ops.dense")   # the module, not the dense() function
 real = gemm.column_sum
 def one_past_the_end(*a, cols, **k):
-    spec = real(*a, cols=cols, **k)
+    [spec] = real(*a, cols=cols, **k)
     spec.consts["N"] = cols + 1
-    spec.global_size = (spec.global_size[0] + spec.local_size[0],)
-    return spec
+    spec.global_size = (spec.global_size[0] + spec.local_size[0],) + spec.global_size[1:]
+    return [spec]
 dense.column_sum = one_past_the_end
 import numpy as np, kilnet as kn
 g = kn.Graph("broken"); x = g.input("x", (3,)); g.output("y", kn.dense(x, 64))
