@@ -15,29 +15,30 @@ from kilnet.graph import to_dict
 from kilnet.runtime import checkpoint
 
 
-def _graph(units=6):
+def _graph(units=8):
+    # The same layers as tests/test_training.py's trunk (same names and sizes), so that a test run
+    # builds these kernels once for both files.
     g = kn.Graph("ckpt")
-    x = g.input("x", (3, 2))
-    h = kn.conv1d(x, 4, window=2, activation="tanh", name="conv")                 # (2, 4)
-    h = kn.batchnorm(kn.dense(h, units, name="hid"), momentum=0.3, name="bn")
-    g.output("p", kn.softmax(kn.dense(h, 4, name="logits"), heads=2))
-    g.output("v", kn.dense(h, 1, activation="sigmoid", name="val"))
+    x = g.input("x", (6, 3))
+    h = kn.conv1d(x, 4, window=3, activation="tanh", name="conv")                 # (4, 4)
+    h = kn.batchnorm(kn.dense(h, units, name="hid"), activation="relu", name="bn")
+    g.output("p", kn.softmax(kn.dense(h, 6, name="logits"), heads=2))
+    g.output("v", kn.dense(h, 2, name="val"))
     return g
 
 
 LOSS = {"p": "cross_entropy", "v": "mse"}
 
 
-def _compile(optimizer, seed=1, batch=6, units=6, dtype="float32"):
-    return kn.compile(_graph(units), batch=batch, optimizer=optimizer, loss=LOSS, seed=seed,
-                      dtype=dtype)
+def _compile(optimizer, seed=1, batch=7, units=8):
+    return kn.compile(_graph(units), batch=batch, optimizer=optimizer, loss=LOSS, seed=seed)
 
 
-def _batch(rng, n=6):
-    t = np.zeros((n, 4))
-    t[np.arange(n), rng.integers(0, 2, n)] = 1
-    t[np.arange(n), 2 + rng.integers(0, 2, n)] = 1
-    return {"x": rng.standard_normal((n, 3, 2))}, {"p": t, "v": rng.uniform(0, 1, (n, 1))}
+def _batch(rng, n=7):
+    t = np.zeros((n, 6))
+    t[np.arange(n), rng.integers(0, 3, n)] = 1
+    t[np.arange(n), 3 + rng.integers(0, 3, n)] = 1
+    return {"x": rng.standard_normal((n, 6, 3))}, {"p": t, "v": rng.standard_normal((n, 2))}
 
 
 def _params(m):
@@ -61,7 +62,7 @@ def _moments(m):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """An Adam model after a few steps, and its checkpoint."""
-    m = _compile(kn.Adam(lr=0.02))
+    m = _compile(kn.Adam(lr=0.01))
     rng = np.random.default_rng(0)
     for _ in range(3):
         m.train_step(*_batch(rng))
@@ -104,8 +105,8 @@ def test_load_for_another_batch(trained):
 
 def test_inference_model_round_trip(tmp_path):
     g = _graph()
-    m = kn.compile(g, batch=3, seed=4)
-    m.params["bn.running_mean"] = np.linspace(-1, 1, 6)
+    m = kn.compile(g, batch=7, seed=4)
+    m.params["bn.running_mean"] = np.linspace(-1, 1, 8)
     m.save(tmp_path / "infer.kiln")
     r = kn.load(tmp_path / "infer.kiln")
     assert r.optimizer is None and not r.plan.training
@@ -208,7 +209,7 @@ def test_save_over_an_existing_checkpoint_replaces_it(tmp_path, trained):
     m, _ = trained
     path = tmp_path / "model.kiln"
     m.save(path)
-    other = _compile(kn.Adam(lr=0.02), seed=99)
+    other = _compile(kn.Adam(lr=0.01), seed=99)
     other.save(path)
     _assert_identical(kn.load(path), other)
     assert _listing(tmp_path) == ["model.kiln"]
@@ -324,33 +325,38 @@ def test_wrong_version(tmp_path, trained):
         _refused(bad, "version", repr(version), str(checkpoint.VERSION))
 
 
-def test_wrong_architecture(tmp_path, trained):
+def test_wrong_architecture(tmp_path, trained, monkeypatch):
     m, path = trained
     header, arrays = _contents(path)
-    # The header of a wider model with these arrays: sizes do not match.
-    wide = _compile(kn.Adam(lr=0.02), units=7)
-    wide.save(tmp_path / "wide.kiln")
-    wide_header, wide_arrays = _contents(tmp_path / "wide.kiln")
-    _refused(_write_sealed(tmp_path / "a.kiln", wide_header, arrays), "p/hid.weight", "needs")
-    _refused(_write_sealed(tmp_path / "b.kiln", header, wide_arrays), "p/hid.weight", "needs")
+
+    def no_compile(*a, **k):
+        raise AssertionError("arrays that do not fit must be refused before any compile")
+    monkeypatch.setattr(kn.compiler, "compile", no_compile)
+    # The header of a wider model with these arrays, and these arrays made wider.
+    graph = json.loads(json.dumps(header["graph"]))
+    hid = next(n for n in graph["nodes"] if n["name"] == "hid")
+    hid["attrs"]["units"] = 9
+    _refused(_write_sealed(tmp_path / "a.kiln", dict(header, graph=graph), arrays),
+             "p/hid.weight", "[128]", "needs", "[144]")
+    wider = dict(arrays, **{"p/hid.weight": np.zeros(144, np.float32)})
+    _refused(_write_sealed(tmp_path / "b.kiln", header, wider), "p/hid.weight", "[144]", "[128]")
     # Arrays missing or extra.
     fewer = {k: v for k, v in arrays.items() if k != "m2/val.bias"}
     _refused(_write_sealed(tmp_path / "c.kiln", header, fewer), "m2/val.bias", "missing")
     _refused(_write_sealed(tmp_path / "d.kiln", header, dict(arrays, **{"p/ghost.weight": np.ones(2)})),
              "p/ghost.weight", "unexpected")
-    # Moments of an SGD model under an Adam header.
+    # Moments of an Adam model under an SGD header.
     sgd_header = dict(header, optimizer={"kind": "sgd", "config": {"lr": 0.1, "momentum": 0.0}})
     _refused(_write_sealed(tmp_path / "e.kiln", sgd_header, arrays), "m2/")
     # Right sizes, wrong dtype or shape.
     as64 = dict(arrays, **{"p/hid.bias": arrays["p/hid.bias"].astype(np.float64)})
     _refused(_write_sealed(tmp_path / "f.kiln", header, as64), "p/hid.bias", "float64", "float32")
-    as2d = dict(arrays, **{"p/hid.bias": arrays["p/hid.bias"].reshape(2, 3)})
+    as2d = dict(arrays, **{"p/hid.bias": arrays["p/hid.bias"].reshape(2, 4)})
     _refused(_write_sealed(tmp_path / "g.kiln", header, as2d), "p/hid.bias")
     # A header that does not describe a valid model.
     graph = json.loads(json.dumps(header["graph"]))
     graph["nodes"][1]["attrs"]["window"] = 9
     _refused(_write_sealed(tmp_path / "h.kiln", dict(header, graph=graph), arrays), "conv", "window 9")
-    graph = json.loads(json.dumps(header["graph"]))
     graph["nodes"][1]["op"] = "lstm"
     _refused(_write_sealed(tmp_path / "i.kiln", dict(header, graph=graph), arrays), "'lstm'")
     del graph["nodes"]
@@ -361,8 +367,16 @@ def test_wrong_architecture(tmp_path, trained):
     _refused(_write_sealed(tmp_path / "l.kiln", bad_cfg, arrays), "gamma")
     for step in (-1, "3", 2.5, None):
         _refused(_write_sealed(tmp_path / "m.kiln", dict(header, step=step), arrays), "step")
-    no_compile = {k: v for k, v in header.items() if k != "compile"}
-    _refused(_write_sealed(tmp_path / "n.kiln", no_compile, arrays), "compile")
+    no_compile_args = {k: v for k, v in header.items() if k != "compile"}
+    _refused(_write_sealed(tmp_path / "n.kiln", no_compile_args, arrays), "compile")
+    bad_dtype = dict(header, compile=dict(header["compile"], dtype="float16"))
+    _refused(_write_sealed(tmp_path / "o.kiln", bad_dtype, arrays), "float16")
+    monkeypatch.undo()
+    # Arrays that fit but settings that do not compile.
+    bad_batch = dict(header, compile=dict(header["compile"], batch=0))
+    _refused(_write_sealed(tmp_path / "p.kiln", bad_batch, arrays), "batch", "0")
+    bad_loss = dict(header, compile=dict(header["compile"], loss={"v": "cross_entropy"}))
+    _refused(_write_sealed(tmp_path / "q.kiln", bad_loss, arrays), "'v'", "cross_entropy")
     # The original is still fine after all that.
     _assert_identical(kn.load(path), m)
 

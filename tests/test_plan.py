@@ -168,7 +168,7 @@ def deep_chain(depth=8, width=24):
     g = kn.Graph("deep")
     h = g.input("x", (5,))
     for i in range(depth):
-        h = kn.dense(h, width, activation="tanh" if i % 2 else "relu")
+        h = kn.dense(h, width, activation="tanh")
         if i == 3:
             h = kn.reshape(h, (4, 6))
             h = kn.reshape(h, (width,))
@@ -224,8 +224,10 @@ def test_inference_plan_of_a_branching_graph_keeps_what_is_still_needed(rich):
 
 def test_one_optimizer_launch_updates_every_parameter():
     g = rich_graph()
+    # float32 like the `rich` fixture, so the same kernels serve; lr = 1/8 makes lr·g exact, so
+    # w − lr·g is one rounding on the device and in numpy alike.
     m = kn.compile(g, batch=5, optimizer=kn.SGD(lr=0.125), loss={"p": "cross_entropy", "v": "mse"},
-                   dtype="float64", seed=2)
+                   seed=2)
     opt = [launch for launch in m.kernels if launch.phase == "optimizer"]
     assert len(opt) == 1
     (launch,) = opt
@@ -240,9 +242,9 @@ def test_one_optimizer_launch_updates_every_parameter():
     assert set(grads) == set(m.plan.params)
     m.train_step(feeds, targets)
     for k in m.plan.params:                        # w ← w − lr·g for every parameter, in one launch
-        assert np.any(grads[k] != 0), k
-        np.testing.assert_allclose(m.params[k], before[k] - 0.125 * grads[k], rtol=1e-13, atol=1e-15,
-                                   err_msg=k)
+        if k != "hid.bias":                        # (feeds a batch norm: its true gradient is 0)
+            assert np.any(grads[k] != 0), k
+        assert np.array_equal(m.params[k], before[k] - np.float32(0.125) * grads[k]), k
 
 
 # -- views and shared kernels ----------------------------------------------------------------
@@ -298,9 +300,8 @@ def _two_readers():
     x = g.input("x", (4,))
     h = kn.dense(x, 5, activation="tanh", name="h")
     a = kn.dense(h, 3, name="a")
-    b = kn.dense(h, 3, activation="sigmoid", name="b")
-    c = kn.dense(x, 2, name="c")                     # the input is read twice too
-    g.output("y", kn.concat(a, b, c))
+    b = kn.dense(h, 3, name="b")
+    g.output("y", kn.concat(a, b, x))                # the input is read twice too
     return g
 
 

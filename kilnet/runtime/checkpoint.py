@@ -11,6 +11,7 @@ fsync the directory. A failed save leaves the previous file as it was.
 import hashlib
 import io
 import json
+import math
 import os
 import struct
 import tempfile
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..errors import CheckpointError, CompileError, KilnetError
 
+NP_DTYPE = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
 FORMAT = "kilnet-checkpoint"
 VERSION = 1
 SEAL = b"kilnet-sha256:"
@@ -140,6 +142,24 @@ def _read(path):
     return header, arrays
 
 
+def _expected_arrays(graph, optimizer):
+    """{array key: (plan buffer, size)} for every parameter, state and moment of ``graph``, from the
+    ops' own declarations (no compile, no device)."""
+    from ..ops import get_op
+    wanted = {}
+    for node in graph.nodes:
+        op = get_op(node.op)
+        for p in op.params(node):
+            name, size = f"{node.name}.{p.name}", math.prod(p.shape)
+            wanted[f"p/{name}"] = (name, size)
+            for i in range(1, (optimizer.moments if optimizer is not None else 0) + 1):
+                wanted[f"m{i}/{name}"] = (f"{name}.m{i}", size)
+        for st in op.state(node):
+            name = f"{node.name}.{st.name}"
+            wanted[f"p/{name}"] = (name, math.prod(st.shape))
+    return wanted
+
+
 def load(path, device=None, batch=None):
     """Rebuild and compile the saved model (optionally for another batch), with its parameters,
     state, optimizer moments and step count, so training continues exactly where it stopped."""
@@ -157,31 +177,41 @@ def load(path, device=None, batch=None):
         c = header["compile"]
         opt = header["optimizer"]
         optimizer = None if opt is None else from_config(opt["kind"], opt["config"])
-        model = compile(graph, batch=c["batch"] if batch is None else batch, optimizer=optimizer,
-                        loss=c["loss"] or None, dtype=c["dtype"], device=device, seed=c["seed"],
-                        input_grads=c.get("input_grads", False))
         step = header["step"]
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
+        dtype = c["dtype"]
+        if dtype not in NP_DTYPE:
+            raise ValueError(f"dtype must be one of {sorted(NP_DTYPE)}, got {dtype!r}")
+        wanted = _expected_arrays(graph, optimizer)
     except KilnetError as e:
-        raise CheckpointError(f"{path}: the saved architecture does not compile: {e}") from None
+        raise CheckpointError(f"{path}: the saved architecture is not valid: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path}: checkpoint header is malformed ({type(e).__name__}: {e})") from None
-    plan = model.plan
-    wanted = {f"p/{n}": n for n in list(plan.params) + list(plan.state)}
-    if optimizer is not None:
-        wanted.update({f"m{i}/{n}": f"{n}.m{i}" for n in plan.params
-                       for i in range(1, optimizer.moments + 1)})
+    # Every array is checked against the architecture before any device work.
     if set(wanted) != set(arrays):
         missing, extra = sorted(set(wanted) - set(arrays)), sorted(set(arrays) - set(wanted))
         raise CheckpointError(f"{path}: arrays do not match the architecture (missing {missing}, "
                               f"unexpected {extra})")
-    for key, buf in wanted.items():
+    for key, (buf, size) in wanted.items():
         a = arrays[key]
-        if a.dtype != model._exec.np_dtype or a.shape != (plan.buffers[buf].size,):
+        if a.dtype != NP_DTYPE[dtype] or a.shape != (size,):
             raise CheckpointError(f"{path}: array {key!r} is {a.dtype}{list(a.shape)}, needs "
-                                  f"{model.dtype}[{plan.buffers[buf].size}]")
-    for key, buf in wanted.items():
+                                  f"{dtype}[{size}]")
+    try:
+        model = compile(graph, batch=c["batch"] if batch is None else batch, optimizer=optimizer,
+                        loss=c["loss"] or None, dtype=dtype, device=device, seed=c["seed"],
+                        input_grads=c.get("input_grads", False))
+    except KilnetError as e:
+        raise CheckpointError(f"{path}: the saved architecture does not compile: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: checkpoint header is malformed ({type(e).__name__}: {e})") from None
+    for key, (buf, size) in wanted.items():
+        b = model.plan.buffers.get(buf)
+        if b is None or b.size != size:     # the plan and the ops disagree: a kilnet bug
+            raise CheckpointError(f"{path}: internal: array {key!r} has no buffer of size {size} "
+                                  f"in the compiled plan")
+    for key, (buf, _) in wanted.items():
         model._exec.write(buf, arrays[key])
     model._exec.finish()
     model.step = step
