@@ -64,7 +64,7 @@ def run():
     wide.train_step({"x": rng.standard_normal((300, 5))}, {"y": rng.standard_normal((300, 3))})
     assert np.isfinite(wide.params["dense_1.weight"]).all()
     KERNELS.update(k.kernel + wide.plan.sources[k.kernel] for k in wide.kernels)
-    inf = kn.compile(build(), batch=1, debug_buffers=True, poison=True)
+    inf = kn.compile(build(), batch=1, debug_buffers=True, poison=True)   # gemv on the GPU form
     out = inf.forward({"x": feeds["x"][:1]})
     assert all(np.isfinite(v).all() for v in out.values())
     KERNELS.update(k.kernel + m.plan.sources[k.kernel] for k in m.kernels)

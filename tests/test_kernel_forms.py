@@ -14,8 +14,10 @@ CASES = {
     # rows of the bias column sum (batch × positions) span many lanes; conv step 2, window 3
     "conv": (9, (23, 4), lambda x: kn.conv1d(kn.conv1d(x, 6, window=3, step=2, activation="tanh"),
                                              5, window=2)),
-    # batch 1 takes the GEMV-like tile; 37 and 70 leave ragged edges in both tile forms
+    # batch 1 and 3: forward products become per-column reductions (gemv), gradients take the
+    # one-row tiles; 37 and 70 leave ragged edges in both forms
     "gemv": (1, (37,), lambda x: kn.dense(kn.dense(x, 70, activation="relu"), 3)),
+    "gemv3": (3, (300,), lambda x: kn.dense(x, 5, activation="sigmoid")),
     "edges": (13, (3, 11), lambda x: kn.dense(kn.dense(x, 33, activation="gelu"), 17, bias=False)),
 }
 

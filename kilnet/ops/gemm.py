@@ -8,13 +8,14 @@ from ..compiler import symbolic
 from .base import kernel, pow2_at_least, round_up
 
 TK = 16
+GEMV_ROWS = 4              # up to this many rows, a GPU product along k is a reduction per column
 VEC_BYTES = 32             # vector width of the CPU form: one AVX register (8 floats, 4 doubles)
 VEC_TILE_K = (4, 2)        # RM×RN vector accumulators in the k-vector form
 VEC_TILE_N_ROWS = 4        # rows per work-item in the n-vector form
 
 
 def tiles(M, N):
-    """(TM, TN, RM, RN): a GEMV-like shape for tiny M (batch 1), register blocks of 2×2 otherwise."""
+    """(TM, TN, RM, RN): one row of 64 columns for tiny M, register blocks of 2×2 otherwise."""
     if M <= 8:
         return pow2_at_least(M, 8), 64, 1, 1
     TM = 32 if M >= 32 else 16
@@ -38,6 +39,9 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
         buffers["z"] = z
     if ctx.target.kind == "cpu":
         return _vector_gemm(step, consts, buffers, batch, VEC_BYTES // (8 if ctx.dtype == "double" else 4))
+    if M <= GEMV_ROWS and a_kfast and not b_nfast and not a_pred:
+        L = min(128, pow2_at_least(K, 128))
+        return [kernel(step, "gemv", dict(consts, L=L), buffers, (N * L, 1, batch), (L, 1, 1))]
     TM, TN, RM, RN = tiles(M, N)
     consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN, KC=K, split=False)
     local = (TN // RN, TM // RM, 1)
