@@ -2,6 +2,7 @@
 pyopencl's on-disk binary cache (keyed by source, device and driver)."""
 import os
 import re
+import warnings
 
 from ..errors import CompileError
 
@@ -17,9 +18,19 @@ def build(device_ctx, kname, source):
             with open(os.path.join(dump, f"{kname}.cl"), "w") as f:
                 f.write(source)
         try:
-            program = cl.Program(ctx, source).build()
+            # Drivers chat on success (NVIDIA about inlining, PoCL about vector ABIs); that is
+            # noise to a user, so it goes to the dump folder instead of a warning.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                program = cl.Program(ctx, source).build()
         except cl.RuntimeError as e:
             raise CompileError(_explain(kname, source, str(e))) from None
+        if dump:
+            log = "\n".join(program.get_build_info(d, cl.program_build_info.LOG).strip()
+                            for d in ctx.devices)
+            if log.strip():
+                with open(os.path.join(dump, f"{kname}.log"), "w") as f:
+                    f.write(log + "\n")
         cache[source] = program
     return program
 
