@@ -99,6 +99,16 @@ def test_values_from_another_graph_are_refused():
 
 # -- compile ---------------------------------------------------------------------------------
 
+@pytest.fixture
+def no_device(monkeypatch):
+    """Fail the test if a model reaches the device (allocation, kernel builds)."""
+    import kilnet.model
+
+    def executor(*a, **k):
+        raise AssertionError("a refused compile reached the device")
+    monkeypatch.setattr(kilnet.model, "Executor", executor)
+
+
 def _small(softmax=False):
     g = kn.Graph("small")
     x = g.input("x", (3,))
@@ -108,11 +118,11 @@ def _small(softmax=False):
 
 
 @pytest.mark.parametrize("batch", [0, -3, 2.5, "4", True, None, [4]])
-def test_batch_must_be_a_positive_int(batch):
+def test_batch_must_be_a_positive_int(batch, no_device):
     raises(kn.CompileError, lambda: kn.compile(_small(), batch=batch), "batch", repr(batch))
 
 
-def test_compile_argument_errors():
+def test_compile_argument_errors(no_device):
     g = _small()
     raises(kn.CompileError, lambda: kn.compile(g, dtype="float16"), "dtype", "'float16'", "float32")
     raises(kn.CompileError, lambda: kn.compile(g, dtype=np.complex64), "dtype")
@@ -134,6 +144,14 @@ def test_compile_argument_errors():
     raises(kn.GraphError, lambda: kn.compile(empty), "'empty'", "no outputs")
 
 
+def test_plans_that_cannot_exist_are_refused_before_any_device_work(no_device):
+    g = kn.Graph("big")
+    x = g.input("x", (1000,))
+    g.output("o", kn.batchnorm(kn.dense(x, 1000), name="bn"))
+    raises(kn.GraphError, lambda: kn.compile(g, batch=1, loss="mse"), "bn", "batch > 1", "batch 1")
+    raises(kn.CompileError, lambda: kn.compile(g, batch=5_000_000, loss="mse"), "2^32", "batch")
+
+
 def test_numpy_integers_are_accepted_where_ints_are_expected():
     g = kn.Graph("npint")
     x = g.input("x", (3,))
@@ -141,6 +159,11 @@ def test_numpy_integers_are_accepted_where_ints_are_expected():
     m = kn.compile(g, batch=np.int32(2), seed=np.uint8(1))
     assert m.batch == 2 and isinstance(m.batch, int)
     assert m.forward({"x": np.ones((2, 3))})["o"].shape == (2, 2)
+
+
+def test_the_no_device_fixture_would_notice(no_device):
+    with pytest.raises(AssertionError, match="reached the device"):
+        kn.compile(_small(), batch=2)
 
 
 @pytest.mark.parametrize("make,fragments", [
@@ -271,7 +294,7 @@ def _bad_calls(m, feeds, targets):
     ]
 
 
-def test_bad_data_is_refused_and_changes_nothing(pair):
+def test_bad_data_is_refused_and_changes_nothing(pair, monkeypatch):
     bad, good = pair
     rng = np.random.default_rng(0)
     feeds, targets = _batch(rng)
@@ -282,8 +305,14 @@ def test_bad_data_is_refused_and_changes_nothing(pair):
     fwd_before = bad.forward(feeds)
     loss_before = bad.evaluate(feeds, targets)
     calls = _bad_calls(bad, feeds, targets)
+
+    def device(*a, **k):
+        raise AssertionError("a refused call reached the device")
     for call, exc, fragments in calls:
-        raises(exc, call, *fragments)
+        with monkeypatch.context() as mp:          # refused before any upload, launch or read
+            for method in ("write", "read", "run", "finish"):
+                mp.setattr(bad._exec, method, device)
+            raises(exc, call, *fragments)
         _same_state(_state(bad), before)
     assert bad.evaluate(feeds, targets) == loss_before
     for k, v in bad.forward(feeds).items():
