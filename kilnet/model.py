@@ -1,5 +1,6 @@
 """A compiled model: the public face of a plan and its executor."""
 import math
+import time
 
 import numpy as np
 
@@ -98,6 +99,31 @@ class Model:
         order = {r: i for i, r in enumerate(self.plan.arenas)}
         return sorted(rows, key=lambda r: (order.get(r["role"], 99), r["offset"], r["name"]))
 
+    def profile(self, feeds, targets=None, call="train_step", repeat=5):
+        """Where ``call`` (a key of ``model.steps``) spends its time: [(launch name, seconds)],
+        the median over ``repeat`` runs of each launch timed alone (wall time around one enqueue
+        and a wait). Training calls change the model exactly as that many calls would."""
+        if call not in self.steps:
+            raise KilnetError(f"profile: call must be one of {sorted(self.steps)}, got {call!r}")
+        n, arrays = self._feeds(feeds, partial=call == "forward")
+        tarrays = self._targets(targets) if call != "forward" else None
+        times = {launch.name: [] for launch in self.steps[call]}
+        with self._exec.lock:
+            self._upload(arrays, tarrays)
+            for _ in range(repeat):
+                if call == "train_step":
+                    self.step += 1
+                    self._exec.write("scalars", np.array(self.optimizer.scalars(self.step) + [0.0]))
+                self._exec.finish()
+                clock = [time.perf_counter()]
+
+                def lap(launch):
+                    now = time.perf_counter()
+                    times[launch.name].append(now - clock[0])
+                    clock[0] = now
+                self._exec.run(self.steps[call], after=lap)
+        return [(name, float(np.median(t))) for name, t in times.items()]
+
     def summary(self):
         from .inspect import summary
         return summary(self)
@@ -120,6 +146,12 @@ class Model:
         self._eval = plan.phase("forward", "loss")
         self._grad = plan.phase("forward", "loss", "backward")
         self._train = plan.phase("forward", "loss", "backward", "update_state", "optimizer")
+        steps = {"forward": self._infer}
+        if plan.training:
+            steps.update(evaluate=self._eval, gradients=self._grad)
+        if self.optimizer is not None:
+            steps["train_step"] = self._train
+        self.steps = {k: tuple(v) for k, v in steps.items()}
 
     def _param_specs(self):
         from .ops import get_op

@@ -1,0 +1,45 @@
+"""model.steps names the launches each public call runs; model.profile times them."""
+import numpy as np
+import pytest
+
+import kilnet as kn
+
+
+def model():
+    g = kn.Graph("p")
+    h = kn.batchnorm(kn.dense(g.input("x", (7,)), 5, activation="tanh"))
+    g.output("y", kn.dense(h, 2))
+    return kn.compile(g, batch=4, optimizer=kn.SGD(lr=0.1), loss="mse")
+
+
+def test_steps_partition_the_launches_by_call():
+    m = model()
+    names = {k: [launch.name for launch in v] for k, v in m.steps.items()}
+    assert set(names) == {"forward", "evaluate", "gradients", "train_step"}
+    assert "batchnorm_1.forward_infer" in names["forward"]
+    assert "batchnorm_1.forward" not in names["forward"]
+    assert names["evaluate"][-1] == "loss.y.loss"
+    assert names["gradients"][:len(names["evaluate"])] == names["evaluate"]
+    assert names["train_step"][-1] == "optimizer.update"
+    assert "batchnorm_1.update_state" in names["train_step"]
+    assert "batchnorm_1.update_state" not in names["gradients"]
+    inference = kn.compile(m.graph, batch=2)
+    assert set(inference.steps) == {"forward"}
+
+
+def test_profile_times_every_launch_and_trains_like_train_step():
+    a, b = model(), model()
+    rng = np.random.default_rng(0)
+    x, t = rng.standard_normal((4, 7)), rng.standard_normal((4, 2))
+    prof = a.profile({"x": x}, {"y": t}, repeat=3)
+    assert [name for name, _ in prof] == [launch.name for launch in a.steps["train_step"]]
+    assert all(s > 0 for _, s in prof)
+    for _ in range(3):
+        b.train_step({"x": x}, {"y": t})
+    assert a.step == b.step == 3
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k])
+    fwd = a.profile({"x": x[:1]}, call="forward", repeat=1)
+    assert [name for name, _ in fwd] == [launch.name for launch in a.steps["forward"]]
+    with pytest.raises(kn.KilnetError, match="call must be one of"):
+        a.profile({"x": x}, {"y": t}, call="backward")
