@@ -104,7 +104,7 @@ class Model:
         the median over ``repeat`` runs of each launch timed alone (wall time around one enqueue
         and a wait). Training calls change the model exactly as that many calls would."""
         if call not in self.steps:
-            raise KilnetError(f"profile: call must be one of {sorted(self.steps)}, got {call!r}")
+            raise GraphError(f"profile: call must be one of {sorted(self.steps)}, got {call!r}")
         n, arrays = self._feeds(feeds, partial=call == "forward")
         tarrays = self._targets(targets) if call != "forward" else None
         times = {launch.name: [] for launch in self.steps[call]}
