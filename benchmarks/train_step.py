@@ -24,9 +24,6 @@ sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 import kilnet as kn  # noqa: E402
 import qnet  # noqa: E402
 
-TRAIN_PHASES = ("forward", "loss", "backward", "update_state", "optimizer")
-
-
 def _time(fn, steps, warmup):
     for _ in range(warmup):
         fn()
@@ -46,21 +43,8 @@ def _row(what, batch, times):
 
 
 def per_kernel(model, feeds, targets, repeats=3):
-    """Wall time of each launch of a training step (the queue drained after each one)."""
-    model.train_step(feeds, targets)          # uploads the batch and settles everything
-    ex = model._exec                          # the executor's debug hook: finish after each launch
-    launches = [la for la in model.kernels if la.phase in TRAIN_PHASES]
-    total = {la.name: 0.0 for la in launches}
-    for _ in range(repeats):
-        ex.finish()
-        mark = [time.perf_counter()]
-
-        def after(launch):
-            now = time.perf_counter()
-            total[launch.name] += now - mark[0]
-            mark[0] = now
-        ex.run(launches, after=after)
-    return [(name, t / repeats) for name, t in total.items()]
+    """Wall time of each launch of a training step (model.profile: the queue drained after each)."""
+    return model.profile(feeds, targets, repeat=repeats)
 
 
 def run(device=None, steps=20, warmup=3, batches=(1, 64), show_per_kernel=False, out=print):

@@ -68,8 +68,7 @@ def train(steps=1000, batch=64, seed=0, lr=0.01, width=64, train_points=2000, te
     t0 = time.perf_counter()
     model = build_model(batch=batch, lr=lr, seed=seed, width=width)
     say(model.summary())
-    train_phases = ("forward", "loss", "backward", "update_state", "optimizer")
-    per_step = sum(launch.phase in train_phases for launch in model.kernels)
+    per_step = len(model.steps["train_step"])
     say(f"\ncompiled in {time.perf_counter() - t0:.1f} s: {len(model.kernels)} kernel launches "
         f"({per_step} per training step), {len({launch.kernel for launch in model.kernels})} distinct kernels\n")
 
