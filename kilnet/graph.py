@@ -24,6 +24,13 @@ def _shape(shape, what):
     return shape
 
 
+RESERVED = frozenset({"scalars"})      # buffer names the compiler uses for itself
+
+
+def _is_name(name):
+    return isinstance(name, str) and name.isascii() and name.isidentifier()
+
+
 class Node:
     """One operation: ``op`` applied to ``inputs`` with ``attrs``; its output has ``shape``."""
 
@@ -74,16 +81,16 @@ class Graph:
         self._counters = {}
 
     def input(self, name, shape):
-        if not isinstance(name, str) or not name.isidentifier():
-            raise GraphError(f"input name must be an identifier, got {name!r}")
+        if not _is_name(name):
+            raise GraphError(f"input name must be an ASCII identifier, got {name!r}")
         shape = _shape(shape, f"input {name!r}")
         value = self.add("input", [], {"shape": list(shape)}, name=name)
         self.inputs[name] = value.node
         return value
 
     def output(self, name, value):
-        if not isinstance(name, str) or not name.isidentifier():
-            raise GraphError(f"output name must be an identifier, got {name!r}")
+        if not _is_name(name):
+            raise GraphError(f"output name must be an ASCII identifier, got {name!r}")
         node = self._own(value, f"output {name!r}")
         if name in self.outputs:
             raise GraphError(f"output {name!r} is already marked (node {self.outputs[name].name!r})")
@@ -121,8 +128,11 @@ class Graph:
         count = None
         if name is None:
             name, count = self._fresh_name(op)
-        elif not isinstance(name, str) or not name or name.startswith(".") or name.endswith("."):
-            raise GraphError(f"{op}: node name must be a non-empty string, got {name!r}")
+        elif not _is_name(name):
+            raise GraphError(f"{op}: node name must be an ASCII identifier (letters, digits, _; "
+                             f"it names buffers and kernels), got {name!r}")
+        elif name in RESERVED:
+            raise GraphError(f"{op}: node name {name!r} is reserved for the plan's own buffers")
         if name in self._by_name:
             raise GraphError(f"{op}: node name {name!r} is already used in graph {self.name!r}")
         nodes = [self._own(v, f"{name} ({op}) input {i}") for i, v in enumerate(inputs)]

@@ -21,6 +21,16 @@ def raises(exc, fn, *fragments):
     return msg
 
 
+@pytest.fixture
+def no_device(monkeypatch):
+    """Fail the test if a model reaches the device (allocation, kernel builds)."""
+    import kilnet.model
+
+    def executor(*a, **k):
+        raise AssertionError("a refused compile reached the device")
+    monkeypatch.setattr(kilnet.model, "Executor", executor)
+
+
 # -- graph building -------------------------------------------------------------------------
 
 def _graph():
@@ -87,6 +97,18 @@ def test_duplicate_names_and_outputs():
     assert [n.name for n in g.nodes] == ["r", "x", "y", "t", "h"]
 
 
+@pytest.mark.parametrize("name", ["h.grad", "o.target", "loss.o", "scalars", "a-b", "café", "1x", "",
+                                  " h", 3, None.__class__])
+def test_node_names_that_would_clash_with_the_plans_buffers_or_kernels(name, no_device):
+    g, x, y, t = _graph()
+    kn.dense(x, 3, name="h")
+    raises(kn.GraphError, lambda: kn.dense(x, 2, name=name), repr(name))
+    raises(kn.GraphError, lambda: g.input(name, (2,)), repr(name))
+    if name != "scalars":                            # output names are not buffer names
+        raises(kn.GraphError, lambda: g.output(name, x), repr(name))
+    assert [n.name for n in g.nodes] == ["r", "x", "y", "t", "h"] and not g.outputs
+
+
 def test_values_from_another_graph_are_refused():
     g, x, y, t = _graph()
     other = kn.Graph("other")
@@ -98,16 +120,6 @@ def test_values_from_another_graph_are_refused():
 
 
 # -- compile ---------------------------------------------------------------------------------
-
-@pytest.fixture
-def no_device(monkeypatch):
-    """Fail the test if a model reaches the device (allocation, kernel builds)."""
-    import kilnet.model
-
-    def executor(*a, **k):
-        raise AssertionError("a refused compile reached the device")
-    monkeypatch.setattr(kilnet.model, "Executor", executor)
-
 
 def _small(softmax=False):
     g = kn.Graph("small")
