@@ -123,6 +123,9 @@ def test_same_seed_gives_bit_identical_training_and_other_seeds_another_init():
         assert not np.array_equal(a.params[k], c.params[k]), k
     for k in ("bn.gamma", "bn.beta", "bn.running_mean", "bn.running_var"):   # constants do not
         assert np.array_equal(a.params[k], c.params[k]), k
+    w = a.params["hid.weight"]                       # a copy: changing it changes nothing
+    w[:] = 0
+    assert np.array_equal(a.params["hid.weight"], b.params["hid.weight"]) and np.any(w != b.params["hid.weight"])
     losses_a = [a.train_step(f, t) for f, t in batches]
     losses_b = [b.train_step(f, t) for f, t in batches]
     losses_c = [c.train_step(f, t) for f, t in batches]
