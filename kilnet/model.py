@@ -105,6 +105,8 @@ class Model:
         and a wait). Training calls change the model exactly as that many calls would."""
         if call not in self.steps:
             raise GraphError(f"profile: call must be one of {sorted(self.steps)}, got {call!r}")
+        if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+            raise GraphError(f"profile: repeat must be an int >= 1, got {repeat!r}")
         n, arrays = self._feeds(feeds, partial=call == "forward")
         tarrays = self._targets(targets) if call != "forward" else None
         times = {launch.name: [] for launch in self.steps[call]}

@@ -79,7 +79,7 @@ class Lowering:
     def buffer(self, name, role, size, shape=()):
         b = self.buffers.get(name)
         if b is None:
-            b = self.buffers[name] = memory.Buffer(name, role, size, tuple(shape))
+            b = self.buffers[name] = memory.Buffer(name, role, size, tuple(shape) or (size,))
         elif b.size != size or b.role != role:
             raise AssertionError(f"buffer {name} requested as {role}/{size}, planned {b.role}/{b.size}")
         return name
@@ -272,8 +272,10 @@ def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers
         for a in launch.args:
             if a.name.endswith("_off"):
                 a.value = lo.buffers[a.buffer].offset
-    if any(size >= 2 ** 32 for size in lo.arenas.values()):
-        raise CompileError("an arena exceeds 2^32 elements; reduce the batch or the model")
+    for role, size in lo.arenas.items():
+        if size >= 2 ** 32:   # kernels take 32-bit offsets
+            raise CompileError(f"graph {graph.name!r} at batch {batch}: the {role} arena needs "
+                               f"{size} elements; at most 2^32 - 1 are addressable")
     poison_roles = ("activation", "act_grad", "scratch", "loss")
     poisonable = [b.name for b in lo.buffers.values()
                   if b.role in poison_roles or (b.role == "grad" and b.name in lo.grad_written)]

@@ -107,6 +107,8 @@ def need(cond, node, message, exc=ShapeError):
 
 
 def int_attr(node, key, value, minimum=1):
+    """Check an integer attribute and store it back as a plain int."""
     ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= minimum
     need(ok, node, f"{key} must be an int >= {minimum}, got {value!r}", GraphError)
+    node.attrs[key] = int(value)
     return int(value)

@@ -1,15 +1,18 @@
 """input and reshape: nodes that move no data."""
 import math
 
-from .base import Op, need, register
+from .base import GraphError, Op, need, register
 
 
 def reshape(x, shape, name=None):
     """A view with another per-sample shape of the same size (-1 allowed once). No kernel, no copy."""
     from ..graph import graph_of
+    g = graph_of(x, "reshape")
     if isinstance(shape, int):
         shape = (shape,)
-    return graph_of(x, "reshape").add("reshape", [x], {"shape": list(shape)}, name)
+    if not isinstance(shape, (tuple, list)):
+        raise GraphError(f"reshape of {x.name!r}: shape must be a tuple of ints, got {shape!r}")
+    return g.add("reshape", [x], {"shape": list(shape)}, name)
 
 
 @register
