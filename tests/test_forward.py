@@ -148,7 +148,8 @@ SOFTMAX = [((300,), 1, 2),      # one segment longer than a 256 work-group
            ((15,), 3, 2),
            ((3,), 3, 3),        # segments of 1
            ((1,), 1, 1),
-           ((3, 5), 1, 7)]
+           ((5,), 1, 7),
+           ((3, 5), 1, 3)]
 
 
 @pytest.mark.parametrize("shape,heads,batch,dtype", both(SOFTMAX))

@@ -46,16 +46,17 @@ def targets_for(m, rng, kinds, heads=None):
 
 
 def check_gradients(g, loss, batch, ref_outputs=None, heads=None, seed=0, feed_scale=1.0,
-                    feeds=None, max_elems=None):
-    """Compare m.gradients with central differences of m.evaluate for every parameter and input.
+                    input_grads=True):
+    """Compare m.gradients with central differences of m.evaluate for every parameter and input
+    (inputs only with ``input_grads``).
 
     ref_outputs(P, feeds) -> {output: reference training-mode value} checks the loss too."""
     rng = np.random.default_rng(seed)
-    m = kn.compile(g, batch=batch, loss=loss, dtype="float64", input_grads=True, seed=seed)
+    m = kn.compile(g, batch=batch, loss=loss, dtype="float64", input_grads=input_grads, seed=seed)
     P = randomize(m, rng)
-    if feeds is None:
-        feeds = {n: rng.standard_normal((batch,) + node.shape) * feed_scale
-                 for n, node in g.inputs.items()}
+    feeds = {n: rng.standard_normal((batch,) + node.shape) * feed_scale
+             for n, node in g.inputs.items()}
+    checked_inputs = list(g.inputs) if input_grads else []
     T = targets_for(m, rng, loss, heads)
     state = {k: m.params[k] for k in m.params if k not in m.plan.params}
 
@@ -69,7 +70,7 @@ def check_gradients(g, loss, batch, ref_outputs=None, heads=None, seed=0, feed_s
         np.testing.assert_allclose(L, want, rtol=1e-10, err_msg="loss differs from the reference")
 
     params = [k for k in m.params if k in m.plan.params]
-    assert set(G) == set(params) | set(g.inputs), (sorted(G), params, sorted(g.inputs))
+    assert set(G) == set(params) | set(checked_inputs), (sorted(G), params, checked_inputs)
 
     def fd_param(name):
         base = P[name]
@@ -99,7 +100,7 @@ def check_gradients(g, loss, batch, ref_outputs=None, heads=None, seed=0, feed_s
         return fd.reshape(base.shape)
 
     failures = []
-    for name in params + list(g.inputs):
+    for name in params + checked_inputs:
         fd = fd_param(name) if name in P and name not in g.inputs else fd_input(name)
         got = np.asarray(G[name], np.float64)
         assert got.shape == fd.shape, (name, got.shape, fd.shape)
@@ -141,16 +142,18 @@ def test_dense_activation(kind):
         "y": ref.dense(f["x"], P["dense_1.weight"], P["dense_1.bias"], kind)}, feed_scale=1.5)
 
 
-@pytest.mark.parametrize("in_shape,units,batch,activation,bias,loss", [
-    ((5, 3), 1, 1, None, False, "mse"),
-    ((4, 5), 33, 7, "tanh", True, "huber"),
-    ((1,), 17, 3, "sigmoid", True, "mse"),
+@pytest.mark.parametrize("in_shape,units,batch,activation,bias,loss,input_grads", [
+    ((5, 3), 1, 1, None, False, "mse", True),
+    ((4, 5), 33, 7, "tanh", True, "huber", True),
+    ((1,), 17, 3, "sigmoid", True, "mse", True),
+    ((7,), 5, 3, "gelu", True, "mse", False),     # no input gradient: a first layer's kernels
 ])
-def test_dense_sizes(in_shape, units, batch, activation, bias, loss):
+def test_dense_sizes(in_shape, units, batch, activation, bias, loss, input_grads):
     g, (x,) = graph([("x", in_shape)])
     g.output("y", kn.dense(x, units, activation=activation, bias=bias))
     check_gradients(g, {"y": loss}, batch, lambda P, f: {
-        "y": ref.dense(f["x"], P["dense_1.weight"], P.get("dense_1.bias"), activation)})
+        "y": ref.dense(f["x"], P["dense_1.weight"], P.get("dense_1.bias"), activation)},
+        input_grads=input_grads)
 
 
 # -- conv1d ---------------------------------------------------------------------------------
@@ -189,14 +192,16 @@ def test_batchnorm_after_dense(activation, batch):
     assert np.abs(G["dense_1.bias"]).max() < 1e-12
 
 
-@pytest.mark.parametrize("shape,activation,eps,batch", [((3, 2), "sigmoid", 1e-5, 3),
-                                                       ((5,), "relu", 0.1, 7)])
-def test_batchnorm_input(shape, activation, eps, batch):
+@pytest.mark.parametrize("shape,activation,eps,batch,input_grads", [
+    ((3, 2), "sigmoid", 1e-5, 3, True),
+    ((5,), "relu", 0.1, 7, True),
+    ((3, 2), "sigmoid", 1e-5, 3, False)])
+def test_batchnorm_input(shape, activation, eps, batch, input_grads):
     g, (x,) = graph([("x", shape)])
     g.output("y", kn.batchnorm(x, eps=eps, activation=activation))
     check_gradients(g, {"y": "huber"}, batch, lambda P, f: {
         "y": ref.batchnorm_train(f["x"], P["batchnorm_1.gamma"], P["batchnorm_1.beta"], eps,
-                                 activation)[0]}, feed_scale=2.0)
+                                 activation)[0]}, feed_scale=2.0, input_grads=input_grads)
 
 
 # -- softmax and the losses -----------------------------------------------------------------
