@@ -62,7 +62,8 @@ DENSE = [((5, 3), 1, 1, None, False),
          ((4, 5), 33, 7, "tanh", True),
          ((1,), 17, 3, "sigmoid", True),
          ((33,), 65, 3, "gelu", True),
-         ((7,), 5, 3, "relu", True)]
+         ((7,), 5, 3, "relu", True),
+         ((3, 100), 3, 2, "softplus", True)]    # k = 300: longer than any work-group
 
 
 @pytest.mark.parametrize("in_shape,units,batch,activation,bias,dtype", both(DENSE))

@@ -329,3 +329,26 @@ def test_composite():
                                       "gelu")
         return {"p": ref.softmax(ref.dense(B, P["dense_2.weight"], P["dense_2.bias"], "silu"), 3)}
     check_gradients(g, {"p": "cross_entropy"}, 3, fwd, heads={"p": 3})
+
+
+# -- long reductions ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["dense_batch_261", "conv1d_units_300"])
+def test_long_reductions(case):
+    """Parameter gradients that sum over hundreds of rows (batch x positions): on a GPU these
+    take the split-k product and the multi-lane column sum."""
+    if case == "dense_batch_261":
+        g, (x,) = graph([("x", (2,))])
+        g.output("y", kn.dense(x, 3, activation="tanh"))
+        batch = 261
+
+        def fwd(P, f):
+            return {"y": ref.dense(f["x"], P["dense_1.weight"], P["dense_1.bias"], "tanh")}
+    else:
+        g, (x,) = graph([("x", (300, 2))])
+        g.output("y", kn.conv1d(x, 3, 2))
+        batch = 2
+
+        def fwd(P, f):
+            return {"y": ref.conv1d(f["x"], P["conv1d_1.weight"], P["conv1d_1.bias"], 1)}
+    check_gradients(g, {"y": "mse"}, batch, fwd, input_grads=False)
