@@ -3,6 +3,7 @@
 A value's shape is per sample; the batch is chosen at compile time. Every node is shape-checked
 as it is added (by its op's ``infer``), so a mistake surfaces on the line that made it.
 """
+import contextlib
 import math
 import numbers
 
@@ -29,6 +30,11 @@ RESERVED = frozenset({"scalars"})      # buffer names the compiler uses for itse
 
 def _is_name(name):
     return isinstance(name, str) and name.isascii() and name.isidentifier()
+
+
+def _is_dotted_name(name):
+    """A node inside composite blocks: identifiers joined by dots ("gte_block_1.add_norm_1")."""
+    return isinstance(name, str) and all(_is_name(part) for part in name.split("."))
 
 
 class Node:
@@ -79,6 +85,7 @@ class Graph:
         self.outputs = {}
         self._by_name = {}
         self._counters = {}
+        self._scopes = []
 
     def input(self, name, shape):
         if not _is_name(name):
@@ -111,14 +118,52 @@ class Graph:
                              f"not {self.name!r}")
         return value.node
 
+    def _prefix(self):
+        return "".join(s + "." for s in self._scopes)
+
     def _fresh_name(self, op):
-        """The next free ``<op>_<n>``; the counter moves only when the node is really added."""
-        n = self._counters.get(op, 0)
+        """The next free ``<scope.><op>_<n>``; the counter moves only when the node is added."""
+        prefix = self._prefix()
+        n = self._counters.get(prefix + op, 0)
         while True:
             n += 1
-            name = f"{op}_{n}"
-            if name not in self._by_name:
+            name = f"{prefix}{op}_{n}"
+            if name not in self._by_name and not self._is_block(name):
                 return name, n
+
+    def _is_block(self, name):
+        return any(n.startswith(name + ".") for n in self._by_name)
+
+    @contextlib.contextmanager
+    def block(self, kind, name=None):
+        """Build a composite: nodes added inside are named ``<block>.<node>`` (so parameters are
+        ``<block>.<node>.<param>``). ``name`` defaults to ``<kind>_<n>``. If building fails
+        inside, every node added by the block is removed again. Yields the block's full name."""
+        prefix = self._prefix()
+        if name is None:
+            full, count = self._fresh_name(kind)
+        elif not _is_name(name):
+            raise GraphError(f"{kind}: block name must be an ASCII identifier, got {name!r}")
+        else:
+            full, count = prefix + name, None
+            if full in self._by_name or self._is_block(full):
+                raise GraphError(f"{kind}: name {full!r} is already used in graph {self.name!r}")
+        saved = len(self.nodes), dict(self._counters)
+        if count is not None:
+            self._counters[prefix + kind] = count
+        self._scopes.append(full[len(prefix):])
+        try:
+            yield full
+        except BaseException:
+            for node in self.nodes[saved[0]:]:
+                del self._by_name[node.name]
+                for i in node.inputs:
+                    i.users.remove(node)
+            del self.nodes[saved[0]:]
+            self._counters = saved[1]
+            raise
+        finally:
+            self._scopes.pop()
 
     def add(self, op, inputs, attrs, name=None):
         """Add a node (op functions call this): checks it, infers its shape, returns its value."""
@@ -128,12 +173,14 @@ class Graph:
         count = None
         if name is None:
             name, count = self._fresh_name(op)
-        elif not _is_name(name):
+        elif _is_name(name):
+            name = self._prefix() + name
+        elif not (_is_dotted_name(name) and not self._scopes):   # a saved composite's node
             raise GraphError(f"{op}: node name must be an ASCII identifier (letters, digits, _; "
                              f"it names buffers and kernels), got {name!r}")
-        elif name in RESERVED:
+        if name in RESERVED:
             raise GraphError(f"{op}: node name {name!r} is reserved for the plan's own buffers")
-        if name in self._by_name:
+        if name in self._by_name or self._is_block(name):
             raise GraphError(f"{op}: node name {name!r} is already used in graph {self.name!r}")
         nodes = [self._own(v, f"{name} ({op}) input {i}") for i, v in enumerate(inputs)]
         node = Node(self, name, op, nodes, {k: _plain(v) for k, v in dict(attrs).items()}, ())
@@ -149,7 +196,7 @@ class Graph:
             raise GraphError(f"{name} ({op}): invalid attributes {attrs!r} "
                              f"({type(e).__name__}: {e})") from None
         if count is not None:
-            self._counters[op] = count
+            self._counters[name.rsplit("_", 1)[0]] = count
         self.nodes.append(node)
         self._by_name[name] = node
         for i in nodes:
