@@ -86,6 +86,7 @@ class Graph:
         self._by_name = {}
         self._counters = {}
         self._scopes = []
+        self._loading = False      # from_dict: accept the dotted names of saved composites
 
     def input(self, name, shape):
         if not _is_name(name):
@@ -175,7 +176,7 @@ class Graph:
             name, count = self._fresh_name(op)
         elif _is_name(name):
             name = self._prefix() + name
-        elif not (_is_dotted_name(name) and not self._scopes):   # a saved composite's node
+        elif not (_is_dotted_name(name) and self._loading):   # a saved composite's node
             raise GraphError(f"{op}: node name must be an ASCII identifier (letters, digits, _; "
                              f"it names buffers and kernels), got {name!r}")
         if name in RESERVED:
@@ -244,6 +245,7 @@ def from_dict(d):
     """Rebuild a graph from ``to_dict``'s output, checking every node again."""
     try:
         g = Graph(d["name"])
+        g._loading = True
         for n in d["nodes"]:
             inputs = [Value(g.node(i)) for i in n["inputs"]]
             if n["op"] == "input":
@@ -254,4 +256,5 @@ def from_dict(d):
             g.output(k, Value(g.node(v)))
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise GraphError(f"graph description is malformed: {type(e).__name__}: {e}") from None
+    g._loading = False
     return g

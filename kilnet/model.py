@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 
+from .compiler import names
 from .errors import CompileError, FeedError, GraphError
 from .runtime.executor import Executor
 
@@ -43,7 +44,7 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays)
-            self._exec.write("scalars", np.array(self.optimizer.scalars(self.step + 1) + [0.0]))
+            self._exec.write(names.SCALARS, np.array(self.optimizer.scalars(self.step + 1) + [0.0]))
             self._exec.run(self._train)
             loss = self._loss()
             self.step += 1
@@ -115,7 +116,7 @@ class Model:
             for _ in range(repeat):
                 if call == "train_step":
                     self.step += 1
-                    self._exec.write("scalars", np.array(self.optimizer.scalars(self.step) + [0.0]))
+                    self._exec.write(names.SCALARS, np.array(self.optimizer.scalars(self.step) + [0.0]))
                 self._exec.finish()
                 clock = [time.perf_counter()]
 

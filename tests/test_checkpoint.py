@@ -55,7 +55,7 @@ def _assert_identical(m1, m2):
 
 def _moments(m):
     """The optimizer moments as the checkpoint stores them (read through the plan's buffers)."""
-    return {f"{n}.m{i}": m._exec.read(f"{n}.m{i}") for n in m.plan.params
+    return {f"{n}:m{i}": m._exec.read(f"{n}:m{i}") for n in m.plan.params
             for i in range(1, m.optimizer.moments + 1)}
 
 

@@ -133,7 +133,7 @@ def test_params_grads_and_moments_share_one_layout(rich):
     assert {r["name"] for r in params} == set(rich.plan.params)
     assert len(params) == 10
     for p in params:
-        for suffix, role in ((".grad", "grad"), (".m1", "moment1"), (".m2", "moment2")):
+        for suffix, role in ((":grad", "grad"), (":m1", "moment1"), (":m2", "moment2")):
             twin = rows[p["name"] + suffix]
             assert (twin["role"], twin["offset"], twin["size"], twin["shape"]) == \
                 (role, p["offset"], p["size"], p["shape"]), (p, twin)

@@ -10,7 +10,7 @@ from ..errors import CompileError, GraphError
 from ..ops import get_op
 from ..ops.losses import check as check_loss, elementwise_loss
 from ..ops.softmax import cross_entropy
-from . import memory
+from . import memory, names
 from .plan import Arg, Launch, Plan
 from .specialise import Specialiser
 from .target import GPU
@@ -42,14 +42,15 @@ class Context:
         return self._l.param_buffer(self.node, name)
 
     def dp(self, name):
-        self._l.grad_written.add(f"{self.node.name}.{name}.grad")
-        return f"{self.node.name}.{name}.grad"
+        g = names.grad(f"{self.node.name}.{name}")
+        self._l.grad_written.add(g)
+        return g
 
     def s(self, name):
         return f"{self.node.name}.{name}"
 
     def scratch(self, key, size):
-        return self._l.buffer(f"{self.node.name}.{key}", "scratch", size)
+        return self._l.buffer(names.scratch(self.node.name, key), "scratch", size)
 
     @property
     def dy(self):
@@ -91,7 +92,7 @@ class Lowering:
 
     def grad_buffer(self, node):
         r = root(node)
-        return self.buffer(f"{r.name}.grad", "act_grad", self.batch * r.size, (self.batch,) + r.shape)
+        return self.buffer(names.grad(r.name), "act_grad", self.batch * r.size, (self.batch,) + r.shape)
 
     def param_buffer(self, node, name):
         if name not in self._node_params.get(node.name, {}):
@@ -108,9 +109,9 @@ class Lowering:
                 self.params[full] = p
                 self.buffer(full, "param", _size(p.shape), p.shape)
                 if self.loss:
-                    self.buffer(f"{full}.grad", "grad", _size(p.shape), p.shape)
+                    self.buffer(names.grad(full), "grad", _size(p.shape), p.shape)
                 for i in range(1, (self.optimizer.moments if self.optimizer else 0) + 1):
-                    self.buffer(f"{full}.m{i}", f"moment{i}", _size(p.shape), p.shape)
+                    self.buffer(names.moment(full, i), f"moment{i}", _size(p.shape), p.shape)
             for s in op.state(node):
                 full = f"{node.name}.{s.name}"
                 self._node_params[node.name][s.name] = s
@@ -176,17 +177,17 @@ class Lowering:
 
         for out_name, kind in self.loss.items():
             node = self.graph.outputs[out_name]
-            target = self.buffer(f"{out_name}.target", "target", self.batch * node.size,
+            target = self.buffer(names.target(out_name), "target", self.batch * node.size,
                                  (self.batch,) + node.shape)
             if kind == "cross_entropy":
                 ctx = Context(self, node, True)
                 contribute(ctx, 0, node.inputs[0])
-                loss = self.buffer(f"loss.{out_name}", "loss", self.batch * node.attrs["heads"])
+                loss = self.buffer(names.loss_part(out_name), "loss", self.batch * node.attrs["heads"])
                 self.emit(f"loss.{out_name}", "loss", [cross_entropy(node, ctx, target, loss)])
             else:
                 ctx = Context(self, node, True)
                 contribute(ctx, 0, node)
-                loss = self.buffer(f"loss.{out_name}", "loss", self.batch)
+                loss = self.buffer(names.loss_part(out_name), "loss", self.batch)
                 self.emit(f"loss.{out_name}", "loss", [elementwise_loss(
                     kind, batch=self.batch, size=node.size, out=self.value_buffer(node),
                     target=target, loss=loss, dout=ctx.dx(0), accumulate=ctx.acc(0))])
@@ -209,12 +210,12 @@ class Lowering:
                                    in self.graph.inputs.items() if wants[name] and name in written}
 
     def optimizer_step(self):
-        self.buffer("scalars", "scalar", 4)
+        self.buffer(names.SCALARS, "scalar", 4)
         opt = self.optimizer
 
         def bufs(param):
-            moments = {f"m{i}": f"{param}.m{i}" for i in range(1, opt.moments + 1)}
-            return {"param": param, "grad": f"{param}.grad", **moments, "scal": "scalars"}
+            moments = {f"m{i}": names.moment(param, i) for i in range(1, opt.moments + 1)}
+            return {"param": param, "grad": names.grad(param), **moments, "scal": names.SCALARS}
 
         if self.debug_buffers:
             # Each buffer is its own allocation here, so each parameter gets its own launch.
@@ -285,7 +286,7 @@ def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers
                 feeds={n: lo.value_buffer(v) for n, v in graph.inputs.items()},
                 outputs={n: lo.value_buffer(v) for n, v in graph.outputs.items()},
                 targets=lo.targets, losses=lo.loss_parts,
-                grads={p: f"{p}.grad" for p in lo.params} if loss else {},
+                grads={p: names.grad(p) for p in lo.params} if loss else {},
                 input_grad_buffers=lo.input_grad_buffers,
                 params={p: p for p in lo.params}, state={s: s for s in lo.state},
                 poisonable=poisonable)

@@ -18,6 +18,7 @@ import tempfile
 
 import numpy as np
 
+from ..compiler import names
 from ..errors import CheckpointError, CompileError, KilnetError
 
 NP_DTYPE = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
@@ -76,7 +77,7 @@ def save(model, path):
         if plan.optimizer is not None:
             for name in plan.params:
                 for i in range(1, plan.optimizer.moments + 1):
-                    arrays[f"m{i}/{name}"] = model._exec.read(f"{name}.m{i}")
+                    arrays[f"m{i}/{name}"] = model._exec.read(names.moment(name, i))
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
     try:
@@ -153,7 +154,7 @@ def _expected_arrays(graph, optimizer):
             name, size = f"{node.name}.{p.name}", math.prod(p.shape)
             wanted[f"p/{name}"] = (name, size)
             for i in range(1, (optimizer.moments if optimizer is not None else 0) + 1):
-                wanted[f"m{i}/{name}"] = (f"{name}.m{i}", size)
+                wanted[f"m{i}/{name}"] = (names.moment(name, i), size)
         for st in op.state(node):
             name = f"{node.name}.{st.name}"
             wanted[f"p/{name}"] = (name, math.prod(st.shape))
