@@ -13,3 +13,5 @@ __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam",
            "activation", "add_norm", "batchnorm", "concat", "conv1d", "dense", "reshape", "softmax",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError", "CheckpointError",
            "ACTIVATIONS"]
+from .ops import time_encoding  # noqa: E402
+__all__ += ["time_encoding"]

@@ -10,3 +10,5 @@ from .concat import concat
 from .add_norm import add_norm
 
 __all__ = ["reshape", "activation", "dense", "conv1d", "batchnorm", "softmax", "concat", "add_norm"]
+from .time_encoding import time_encoding  # noqa: E402
+__all__ += ["time_encoding"]

@@ -1,0 +1,111 @@
+"""time_encoding: a projection of each unit plus sin/cos harmonics of its timestamp.
+
+x (U, C) and times (U,) -> (U, E), E = 2·freqs·len(periods). For unit u with timestamp t_u
+(seconds), period P_j and harmonic k = 1..freqs the features are sin(2πk·t_u/P_j) and
+cos(2πk·t_u/P_j), in the order [period][harmonic][sin, cos], so feature
+e = (j·freqs + k − 1)·2 + (0 for sin, 1 for cos); out[u] = W·x[u] + b + features.
+Parameters: ``weight`` (E, C) and ``bias`` (E,), as torch.nn.Linear over the channels.
+
+Gradients: weight, bias and x as a linear layer's; times (when something upstream wants it,
+e.g. ``input_grads=True``) exactly: ∂out[u, sin]/∂t_u = (2πk/P_j)·cos(·),
+∂out[u, cos]/∂t_u = −(2πk/P_j)·sin(·).
+
+Precision: the phase is not formed as 2πk·t/P (in float32 that loses all accuracy once k·t/P
+is large). The kernels reduce first, r = fmod(t, P_j) (exact in floating point), then
+q = fmod(k·r, P_j) (one rounding of a number below k·P_j), and evaluate sinpi(2q/P_j) and
+cospi(2q/P_j), so the error of the phase is a few ulps of 2k, whatever t is. The derivative of
+fmod is 1 almost everywhere, so the reduction does not change the gradient. What the reduction
+cannot fix is the feed itself: ``times`` is stored in the model's dtype, and a float32 Unix
+timestamp (~1.7e9 s) is already rounded to a multiple of 128 s when it is uploaded. Feed times
+relative to a nearby epoch (or compile in float64) when sub-minute phase matters.
+
+Departure from the articles: their position encoder's code is not in the articles (ARTICLES.md,
+Mamba4Cast); this op follows DESIGN.md's definition.
+"""
+import math
+import numbers
+
+from ..graph import graph_of
+from .base import GraphError, Op, Param, int_attr, kernel, need, register, round_up
+from .gemm import column_sum, gemm
+
+LOCAL = 64
+
+
+def time_encoding(x, times, periods, freqs, name=None):
+    """(U, C), (U,) -> (U, 2·freqs·len(periods)): W·x + b + sin/cos harmonics of ``times``."""
+    return graph_of(x, "time_encoding").add(
+        "time_encoding", [x, times],
+        {"periods": list(periods) if isinstance(periods, (list, tuple)) else periods,
+         "freqs": freqs}, name)
+
+
+def check_periods(periods, what):
+    """The periods as a list of positive finite floats, or a GraphError naming ``periods``."""
+    if hasattr(periods, "tolist") and not isinstance(periods, (str, bytes)):
+        periods = periods.tolist()
+    ok = isinstance(periods, (list, tuple)) and len(periods) > 0 and all(
+        isinstance(p, numbers.Real) and not isinstance(p, bool) and math.isfinite(p) and p > 0
+        for p in periods)
+    if not ok:
+        raise GraphError(f"{what}: periods must be a non-empty list of positive numbers "
+                         f"(seconds), got {periods!r}")
+    return [float(p) for p in periods]
+
+
+@register
+class TimeEncoding(Op):
+    kind = "time_encoding"
+
+    def infer(self, node):
+        a = node.attrs
+        a["periods"] = check_periods(a["periods"], f"{node.name} ({node.op})")
+        int_attr(node, "freqs", a["freqs"])
+        xs, ts = node.inputs[0].shape, node.inputs[1].shape
+        need(len(xs) == 2, node, f"x ({node.inputs[0].name!r}) must be (units, channels), "
+             f"got shape {xs}")
+        need(ts == (xs[0],), node, f"times ({node.inputs[1].name!r}) must have shape "
+             f"({xs[0]},), one timestamp per unit of x, got shape {ts}")
+        return (xs[0], self._E(node))
+
+    def _E(self, node):
+        return 2 * node.attrs["freqs"] * len(node.attrs["periods"])
+
+    def params(self, node):
+        E, C = self._E(node), node.inputs[0].shape[1]
+        return [Param("weight", (E, C), "uniform", C), Param("bias", (E,), "uniform", C)]
+
+    def _consts(self, node, mode, **extra):
+        return dict(mode=mode, periods=[repr(p) for p in node.attrs["periods"]],
+                    F=node.attrs["freqs"], E=self._E(node), **extra)
+
+    def forward(self, node, ctx):
+        (U, C), E, B = node.inputs[0].shape, self._E(node), ctx.batch
+        n = B * U * E
+        ks = [kernel("forward_features", "time_encoding", self._consts(node, "forward", N=n),
+                     {"times": ctx.x(1), "out": ctx.y}, (round_up(n, LOCAL),), (LOCAL,))]
+        # out += b + W·x[u] for every (sample, unit) row: a product with M = B·U rows.
+        ks += gemm(ctx, "forward", M=B * U, N=E, K=C, a=ctx.x(0), w=ctx.p("weight"), out=ctx.y,
+                   a_idx=f"m*{C} + k", b_idx=f"n*{C} + k", c_idx=f"m*{E} + n",
+                   a_kfast=True, b_nfast=False, bias=ctx.p("bias"), accumulate=True)
+        return ks
+
+    def backward(self, node, ctx):
+        (U, C), E, B = node.inputs[0].shape, self._E(node), ctx.batch
+        R = B * U
+        ks = []
+        if ctx.dx(0):   # dX = dY·W
+            ks += gemm(ctx, "backward_input", M=R, N=C, K=E, a=ctx.dy, w=ctx.p("weight"),
+                       out=ctx.dx(0), a_idx=f"m*{E} + k", b_idx=f"k*{C} + n",
+                       c_idx=f"m*{C} + n", a_kfast=True, b_nfast=True, accumulate=ctx.acc(0))
+        if ctx.dx(1):   # dt[u] = Σ_e dY[u, e]·∂feature_e/∂t_u
+            ks.append(kernel("backward_times", "time_encoding",
+                             self._consts(node, "backward_times", N=R, accumulate=ctx.acc(1)),
+                             {"times": ctx.x(1), "dout": ctx.dy, "dtimes": ctx.dx(1)},
+                             (round_up(R, LOCAL),), (LOCAL,)))
+        # dW = dYᵀ·X over all rows
+        ks += gemm(ctx, "backward_weight", M=E, N=C, K=R, a=ctx.dy, w=ctx.x(0),
+                   out=ctx.dp("weight"), a_idx=f"k*{E} + m", b_idx=f"k*{C} + n",
+                   c_idx=f"m*{C} + n", a_kfast=False, b_nfast=True)
+        ks += column_sum(ctx, "backward_bias", rows=R, cols=E, src=ctx.dy, out=ctx.dp("bias"))
+        return ks
