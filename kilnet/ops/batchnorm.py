@@ -8,18 +8,49 @@ and ``beta`` and state ``running_mean`` and ``running_var`` have the sample's sh
 The articles' kernels normalise one sample at a time with an exponential window and take a
 derivative with an integer-division exponent; this op is the true minibatch batch norm and its
 true gradient (the articles' per-sample mode is a separate option).
+
+``streaming=B`` (an int >= 1) is the articles' per-sample mode. Per feature, an exponential
+window of B samples: for each sample x of the stream
+
+    μ ← ((B−1)μ + x)/B,   δ = x − μ,   σ² ← ((B−1)σ² + δ²)/B,   y = act(γ·δ/√(σ² + eps) + β).
+
+Training (``train_step``, ``gradients``, ``evaluate``) feeds the batch's samples through this
+map in order, sample 0 first, each using the statistics left by the previous one and starting
+from the stored ``running_mean`` / ``running_var``. Only ``train_step`` stores the statistics
+left by the batch's last sample (its update_state step); ``evaluate`` and ``gradients`` leave
+them as they were. Inference (``forward``) normalises each sample as if it were the next
+sample of the stream, from the stored statistics, without storing anything: with μ₀, σ²₀ the
+stored values, μ' = ((B−1)μ₀ + x)/B, δ = x − μ', σ²' = ((B−1)σ²₀ + δ²)/B,
+y = act(γδ/√(σ²' + eps) + β); the samples of an inference batch do not affect each other.
+The state starts at running_mean = 0 and running_var = 1 (the articles start both at 0,
+which with their tiny eps makes the first samples' x̂ = ±√B-sized jumps; 1 keeps the first
+outputs near x̂ ≈ ((B−1)/B)·x). ``momentum`` is not used in this mode. B = 1 gives μ = x and
+δ = 0, so y = act(β) (the articles pass the input through for B <= 1; we keep the map).
+
+Backward is the true derivative of the whole chain within the batch: each sample's output
+depends on its own x and, through μ and σ², on every earlier sample of the batch. Walking the
+batch backwards with the adjoints μ̄, σ̄² of the statistics (a = (B−1)/B, c = 1/B,
+s = (σ² + eps)^{-1/2}, e = dy·act'(·)·γ):
+    σ̄²_b = a·σ̄²_{b+1} − ½·e_b·δ_b·s_b³,   δ̄_b = e_b·s_b + 2c·δ_b·σ̄²_b,
+    μ̄_b = a·μ̄_{b+1} − δ̄_b,               dx_b = δ̄_b + c·μ̄_b.
+For one sample this is ((B−1)/B)·s·(1 − δ²s²/B)·e, the corrected formula of ARTICLES.md §2
+bug 1; the articles' kernel has exponent 1 instead of 3/2 (`3/2` in integer arithmetic), uses
+μ·x where δ is needed, has the wrong sign, and ignores the chain across samples.
 """
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import GraphError, Op, Param, kernel, need, register, round_up
+from .base import GraphError, Op, Param, int_attr, kernel, need, register, round_up
 
 LOCAL = 64
 
 
-def batchnorm(x, momentum=0.1, eps=1e-5, activation=None, name=None):
-    """Normalise each feature over the batch, then y = act(gamma·x̂ + beta)."""
-    return graph_of(x, "batchnorm").add("batchnorm", [x], {"momentum": momentum, "eps": eps,
-                                                           "activation": activation}, name)
+def batchnorm(x, momentum=0.1, eps=1e-5, activation=None, streaming=None, name=None):
+    """Normalise each feature over the batch (or, with ``streaming=B``, over an exponential
+    window of B samples, one sample at a time), then y = act(gamma·x̂ + beta)."""
+    attrs = {"momentum": momentum, "eps": eps, "activation": activation}
+    if streaming is not None:      # the minibatch mode's attributes stay exactly as they were
+        attrs["streaming"] = streaming
+    return graph_of(x, "batchnorm").add("batchnorm", [x], attrs, name)
 
 
 @register
@@ -37,6 +68,10 @@ class BatchNorm(Op):
                  GraphError)
             a[key] = float(v)
         a["activation"] = symbolic.check(a["activation"])
+        if a.get("streaming") is not None:
+            int_attr(node, "streaming", a["streaming"])
+        elif "streaming" in a:
+            del a["streaming"]
         return node.inputs[0].shape
 
     def params(self, node):
@@ -57,6 +92,8 @@ class BatchNorm(Op):
         return ctx.scratch("batch_stats", 2 * node.size)    # batch mean, biased variance
 
     def forward(self, node, ctx):
+        if node.attrs.get("streaming") is not None:
+            return self._s_forward(node, ctx)
         common = {"inp": ctx.x(0), "out": ctx.y, "gamma": ctx.p("gamma"), "beta": ctx.p("beta")}
         if ctx.training:
             need(ctx.batch > 1, node, "training needs batch > 1 to estimate a variance, got batch 1",
@@ -66,6 +103,8 @@ class BatchNorm(Op):
                         dict(common, mean=ctx.s("running_mean"), var=ctx.s("running_var")))]
 
     def backward(self, node, ctx):
+        if node.attrs.get("streaming") is not None:
+            return self._s_backward(node, ctx)
         bufs = {"inp": ctx.x(0), "dout": ctx.dy, "gamma": ctx.p("gamma"), "beta": ctx.p("beta"),
                 "stats": self._stats(node, ctx), "dgamma": ctx.dp("gamma"), "dbeta": ctx.dp("beta")}
         if ctx.dx(0):
@@ -74,6 +113,43 @@ class BatchNorm(Op):
                         input_grad=bool(ctx.dx(0)), accumulate=ctx.acc(0))]
 
     def update_state(self, node, ctx):
+        if node.attrs.get("streaming") is not None:
+            return self._s_update(node, ctx)
         return [self._k("update_state", node, ctx, "update",
                         {"stats": self._stats(node, ctx), "mean": ctx.s("running_mean"),
                          "var": ctx.s("running_var")})]
+
+    # -- streaming mode ----------------------------------------------------------------------
+    def _sk(self, step, node, ctx, mode, buffers, **extra):
+        a = node.attrs
+        consts = dict(F=node.size, N=ctx.batch, W=a["streaming"], mode=mode, eps=repr(a["eps"]),
+                      act=symbolic.forward_c(a["activation"]),
+                      dact=symbolic.derivative_c(a["activation"]), **extra)
+        return kernel(step, "batchnorm_streaming", consts, buffers,
+                      (round_up(node.size, LOCAL),), (LOCAL,))
+
+    def _trace(self, node, ctx):
+        """μ and σ² after each sample of the batch: [μ (batch, F), σ² (batch, F)]."""
+        return ctx.scratch("stream_stats", 2 * ctx.batch * node.size)
+
+    def _s_forward(self, node, ctx):
+        common = {"inp": ctx.x(0), "out": ctx.y, "gamma": ctx.p("gamma"), "beta": ctx.p("beta"),
+                  "mean": ctx.s("running_mean"), "var": ctx.s("running_var")}
+        if ctx.training:
+            return [self._sk("forward", node, ctx, "train",
+                             dict(common, trace=self._trace(node, ctx)))]
+        return [self._sk("forward", node, ctx, "infer", common)]
+
+    def _s_backward(self, node, ctx):
+        bufs = {"inp": ctx.x(0), "dout": ctx.dy, "gamma": ctx.p("gamma"), "beta": ctx.p("beta"),
+                "trace": self._trace(node, ctx), "dgamma": ctx.dp("gamma"),
+                "dbeta": ctx.dp("beta")}
+        if ctx.dx(0):
+            bufs["dinp"] = ctx.dx(0)
+        return [self._sk("backward", node, ctx, "backward", bufs,
+                         input_grad=bool(ctx.dx(0)), accumulate=ctx.acc(0))]
+
+    def _s_update(self, node, ctx):
+        return [self._sk("update_state", node, ctx, "update",
+                         {"trace": self._trace(node, ctx), "mean": ctx.s("running_mean"),
+                          "var": ctx.s("running_var")})]
