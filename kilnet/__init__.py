@@ -15,3 +15,5 @@ __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam",
            "ACTIVATIONS"]
 from .ops import time_encoding  # noqa: E402
 __all__ += ["time_encoding"]
+from .ops import mamba4cast_embedding  # noqa: E402
+__all__ += ["mamba4cast_embedding"]

@@ -12,3 +12,5 @@ from .add_norm import add_norm
 __all__ = ["reshape", "activation", "dense", "conv1d", "batchnorm", "softmax", "concat", "add_norm"]
 from .time_encoding import time_encoding  # noqa: E402
 __all__ += ["time_encoding"]
+from .mamba4cast import mamba4cast_embedding  # noqa: E402
+__all__ += ["mamba4cast_embedding"]

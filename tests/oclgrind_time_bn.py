@@ -1,0 +1,73 @@
+"""Runs the kernels of time_encoding, streaming batchnorm and mamba4cast_embedding once on tiny
+odd sizes; tests/test_oclgrind.py runs this under Oclgrind.
+
+Every buffer is its own allocation (debug_buffers) and rewritten buffers start as NaN (poison).
+Covered: time features forward and the times gradient (overwrite and accumulate), streaming
+batch norm train/infer/backward (with and without the input gradient, overwrite and accumulate)
+and update_state, plus the products and column sums they use, in both kernel forms.
+"""
+import os
+import sys
+
+import numpy as np
+
+import kilnet as kn
+
+KERNELS = set()
+
+
+def build():
+    g = kn.Graph("oclgrind_time_bn")
+    x, t = g.input("x", (5, 3), ), g.input("t", (5,))
+    e = kn.mamba4cast_embedding(x, t, 7, [24, 0.7], streaming=3)          # (5, 7): E 4 + 3
+    te = kn.time_encoding(x, t, [5.0], 3)                                 # (5, 6)
+    s = kn.batchnorm(kn.concat(e, te), streaming=2, activation="tanh")    # (5, 13)
+    g.output("y", kn.dense(s, 3))
+    g.output("z", kn.concat(kn.batchnorm(x, streaming=1), x))             # x's gradient adds
+    return g
+
+
+def first_layer():
+    """A streaming batch norm straight on an input with no input gradients: the backward form
+    without dx."""
+    g = kn.Graph("first")
+    g.output("y", kn.batchnorm(g.input("x", (4,)), streaming=4, activation="sigmoid"))
+    return g
+
+
+def run():
+    rng = np.random.default_rng(0)
+    B = 3
+    feeds = {"x": rng.standard_normal((B, 5, 3)), "t": rng.random((B, 5)) * 50}
+    targets = {"y": rng.standard_normal((B, 3)), "z": rng.standard_normal((B, 5, 6))}
+    for input_grads in (True, False):
+        m = kn.compile(build(), batch=B, optimizer=kn.Adam(lr=1e-2), loss="mse",
+                       input_grads=input_grads, debug_buffers=True, poison=True)
+        losses = [m.train_step(feeds, targets) for _ in range(2)]
+        grads = m.gradients(feeds, targets)
+        out = m.forward(feeds)
+        assert all(np.isfinite(v).all() for v in grads.values()), "non-finite gradient"
+        assert all(np.isfinite(v).all() for v in out.values()), "non-finite output"
+        assert np.isfinite(losses).all()
+        KERNELS.update(k.kernel + m.plan.sources[k.kernel] for k in m.kernels)
+    f = kn.compile(first_layer(), batch=1, optimizer=kn.SGD(lr=0.1), loss="mse",
+                   debug_buffers=True, poison=True)
+    f.train_step({"x": rng.standard_normal((1, 4))}, {"y": rng.standard_normal((1, 4))})
+    assert np.isfinite(f.forward({"x": rng.standard_normal((1, 4))})["y"]).all()
+    KERNELS.update(k.kernel + f.plan.sources[k.kernel] for k in f.kernels)
+    inf = kn.compile(build(), batch=1, debug_buffers=True, poison=True)
+    out = inf.forward({"x": feeds["x"][:1], "t": feeds["t"][:1]})
+    assert all(np.isfinite(v).all() for v in out.values())
+    KERNELS.update(k.kernel + inf.plan.sources[k.kernel] for k in inf.kernels)
+
+
+def main():
+    for kind in ("cpu", "gpu"):
+        os.environ["KILNET_TARGET"] = kind
+        run()
+    print("kernels run:", len(KERNELS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
