@@ -58,7 +58,7 @@ def run():
         assert np.isfinite(losses).all()
     # A long batch and few outputs: the GPU form splits the weight gradient's k over work-groups.
     g = kn.Graph("split_k")
-    g.output("y", kn.dense(g.input("x", (5,)), 3))
+    g.output("y", kn.dense(kn.dense(g.input("x", (5,)), 66, activation="relu"), 3))   # 64×64 tiles
     wide = kn.compile(g, batch=300, optimizer=kn.SGD(lr=0.1), loss="mse", debug_buffers=True,
                       poison=True)
     wide.train_step({"x": rng.standard_normal((300, 5))}, {"y": rng.standard_normal((300, 3))})

@@ -18,6 +18,8 @@ CASES = {
     # one-row tiles; 37 and 70 leave ragged edges in both forms
     "gemv": (1, (37,), lambda x: kn.dense(kn.dense(x, 70, activation="relu"), 3)),
     "gemv3": (3, (300,), lambda x: kn.dense(x, 5, activation="sigmoid")),
+    # 64×64 tiles with 4×4 register blocks, ragged at 70 and 66
+    "large": (70, (5,), lambda x: kn.dense(kn.dense(x, 66, activation="tanh"), 67)),
     "edges": (13, (3, 11), lambda x: kn.dense(kn.dense(x, 33, activation="gelu"), 17, bias=False)),
 }
 

@@ -15,9 +15,12 @@ VEC_TILE_N_ROWS = 4        # rows per work-item in the n-vector form
 
 
 def tiles(M, N):
-    """(TM, TN, RM, RN): one row of 64 columns for tiny M, register blocks of 2×2 otherwise."""
+    """(TM, TN, RM, RN): one row of 64 columns for tiny M; register blocks of 4×4 on 64×64 tiles
+    for large products, 2×2 on 32×32 (or 16) otherwise."""
     if M <= 8:
         return pow2_at_least(M, 8), 64, 1, 1
+    if M >= 64 and N >= 64:
+        return 64, 64, 4, 4
     TM = 32 if M >= 32 else 16
     TN = 32 if N >= 32 else 16
     return TM, TN, 2, 2
