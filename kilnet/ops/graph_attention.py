@@ -1,0 +1,193 @@
+"""graph_attention: multi-head attention over the units of a sample, split by a graph.
+
+Per head h (DESIGN.md §2): Q = x·W_qᵀ + b_q, K and V likewise (key_dim columns each);
+S = Q·Kᵀ/√key_dim. The connected set of query q is its adjacent keys and q itself, the
+not-connected set is every other key and q itself (the diagonal is in both sets whatever the
+adjacency says). Each set has its own softmax over only its keys, with the row maximum of the
+set subtracted (no overflow however large the scores); O_con = A_con·V, O_not = A_not·V. Per
+unit the 2·heads·key_dim values [O_con of every head, O_not of every head] go through ``out``
+back to width W: y = O·W_outᵀ + b_out.
+
+Parameters: ``q.weight``, ``k.weight``, ``v.weight`` (heads·key_dim, W) and their ``*.bias``
+(heads·key_dim,); ``out.weight`` (W, 2·heads·key_dim), ``out.bias`` (W,).
+``adjacency``: a (U, U) array of bools or 0/1 ints (numpy or nested lists; adjacency[q][k]
+puts key k in query q's connected set; it need not be symmetric); default the chain
+|q − k| = 1. It is stored in the node's attributes as ``{"units": U, "edges": [[q, k], ...]}``
+(diagonal entries dropped) and baked into the kernel as a constant bit mask.
+
+Kernels: three GEMMs for the projections, one kernel per (sample, head, query) row for both
+masked softmaxes and both outputs (the probabilities are kept in scratch for backward), one GEMM
+for ``out``. Backward: out's GEMMs; one row kernel for dS (each set's softmax Jacobian:
+dS_qk = Σ_set A_qk(dA_qk − Σ_j A_qj·dA_qj)/√dk, so the diagonal gets both sets' terms); one
+kernel for dQ = dS·K, dK = dSᵀ·Q, dV = Σ_set A_setᵀ·dO_set; then the projections' weight and
+bias gradients, and dx as the sum of the three input products.
+
+Departures from the article (GTEFeedForward / GTEInsideGradients / CNeuronGTE): K is read at its
+own offset (the article's ``shift_k`` lacks the key_dim factor and reads K from the Q block);
+scores are not clamped at 30 and exponentiated raw: each softmax subtracts its set's maximum;
+no local score array (the article's ``local_score`` overflows for U > 64): rows walk the keys
+in global scratch, so any U works; the article's connected mask is hard-wired to the chain,
+here it is any user graph; backward uses each query's own score row (the article's uses query
+0's), runs the value loop over exactly U keys (not U + 1), includes 1/√dk in dQ and dK, and
+applies the true softmax Jacobian of each set; the attention output (2·heads·key_dim per unit)
+goes to ``out`` at its true size (the article writes it into a W-sized buffer and its W0 reads a
+buffer that is never written).
+"""
+import math
+
+import numpy as np
+
+from ..graph import graph_of
+from .base import Op, Param, int_attr, kernel, need, register, round_up
+from .gemm import column_sum, gemm
+
+LOCAL = 64
+MAX_MASK_WORDS = 16384     # a user adjacency is a __constant bit mask: at most 64 KiB
+
+
+def graph_attention(x, heads, key_dim, adjacency=None, name=None):
+    """(U, W) -> (U, W): attention split into connected and not-connected keys per head."""
+    return graph_of(x, "graph_attention").add(
+        "graph_attention", [x], {"heads": heads, "key_dim": key_dim, "adjacency": adjacency}, name)
+
+
+def _edges(node, adjacency, U):
+    """Normalise ``adjacency`` to a sorted list of off-diagonal [q, k] pairs (None: the chain)."""
+    if adjacency is None:
+        return None
+    if isinstance(adjacency, dict):      # the stored form (a saved graph being rebuilt)
+        ok = set(adjacency) == {"units", "edges"} and adjacency["units"] == U
+        need(ok, node, f"adjacency must be a (U, U) = ({U}, {U}) array, got {adjacency!r:.80}")
+        try:
+            e = np.asarray(adjacency["edges"], dtype=np.int64).reshape(-1, 2)
+        except (TypeError, ValueError):
+            need(False, node, "adjacency edges must be [q, k] pairs of ints")
+        need(((e >= 0) & (e < U)).all(), node, f"adjacency edges must lie in [0, {U})")
+        return sorted({(int(q), int(k)) for q, k in e if q != k})
+    try:
+        a = np.asarray(adjacency)
+    except (TypeError, ValueError) as err:
+        need(False, node, f"adjacency must be a ({U}, {U}) boolean array, got {err}")
+    need(a.shape == (U, U), node, f"adjacency must have shape ({U}, {U}) (units × units), "
+         f"got shape {a.shape}")
+    if a.dtype != np.bool_:
+        need(a.dtype.kind in "iu", node, f"adjacency must hold booleans or 0/1 ints, got dtype {a.dtype}")
+        need(np.isin(a, (0, 1)).all(), node, "adjacency must hold booleans or 0/1 ints, got ints "
+             f"other than 0 and 1 ({sorted(set(np.unique(a).tolist()) - {0, 1})[:5]})")
+    q, k = np.nonzero(a.astype(bool))
+    return [[int(i), int(j)] for i, j in zip(q, k) if i != j]
+
+
+@register
+class GraphAttention(Op):
+    kind = "graph_attention"
+
+    def infer(self, node):
+        a = node.attrs
+        H = int_attr(node, "heads", a["heads"])
+        DK = int_attr(node, "key_dim", a["key_dim"])
+        shape = node.inputs[0].shape
+        need(len(shape) == 2, node, f"input {node.inputs[0].name!r} must be (units, width), "
+             f"got shape {shape}")
+        U = shape[0]
+        edges = _edges(node, a["adjacency"], U)
+        if edges is not None:
+            edges = [list(e) for e in edges]
+            need(U * (-(-U // 32)) <= MAX_MASK_WORDS, node,
+                 f"adjacency of {U} units is too large for the kernel's constant bit mask "
+                 f"(at most {MAX_MASK_WORDS} words of 32 bits)")
+        a["adjacency"] = None if edges is None else {"units": U, "edges": edges}
+        return shape
+
+    def params(self, node):
+        H, DK, W = node.attrs["heads"], node.attrs["key_dim"], node.inputs[0].shape[1]
+        HD = H * DK
+        ps = []
+        for p in ("q", "k", "v"):
+            ps += [Param(f"{p}.weight", (HD, W), "uniform", W), Param(f"{p}.bias", (HD,), "uniform", W)]
+        return ps + [Param("out.weight", (W, 2 * HD), "uniform", 2 * HD),
+                     Param("out.bias", (W,), "uniform", 2 * HD)]
+
+    def _dims(self, node, ctx):
+        U, W = node.inputs[0].shape
+        H, DK = node.attrs["heads"], node.attrs["key_dim"]
+        return ctx.batch, U, W, H, DK, H * DK
+
+    def _consts(self, node, ctx, mode):
+        B, U, W, H, DK, HD = self._dims(node, ctx)
+        adj = node.attrs["adjacency"]
+        words, bits = 0, ""
+        if mode != "forward":          # only the forward kernel reads the mask
+            connected = "0"
+        elif adj is None:
+            connected = "(k - q == 1 || q - k == 1)"
+        elif not adj["edges"]:
+            connected = "0"
+        else:
+            words = -(-U // 32)
+            mask = np.zeros((U, words), np.uint64)
+            for q, k in adj["edges"]:
+                mask[q, k // 32] |= np.uint64(1) << np.uint64(k % 32)
+            bits = ", ".join(f"{int(v):#x}u" for v in mask.reshape(-1))
+            connected = f"(int)((adj_bits[q * {words} + (k >> 5)] >> (k & 31)) & 1u)"
+        return dict(mode=mode, B=B, U=U, H=H, DK=DK, scale=repr(1.0 / math.sqrt(DK)),
+                    words=words, bits=bits, connected=connected)
+
+    def _buffers(self, node, ctx):
+        B, U, W, H, DK, HD = self._dims(node, ctx)
+        s = {n: ctx.scratch(n, B * U * HD) for n in ("q", "k", "v")}
+        s["o"] = ctx.scratch("o", B * U * 2 * HD)
+        s["p"] = ctx.scratch("p", 2 * B * H * U * U)
+        return s
+
+    def forward(self, node, ctx):
+        B, U, W, H, DK, HD = self._dims(node, ctx)
+        s, R = self._buffers(node, ctx), B * U
+        ks = []
+        for p in ("q", "k", "v"):
+            ks += gemm(ctx, f"forward_{p}", M=R, N=HD, K=W, a=ctx.x(0), w=ctx.p(f"{p}.weight"),
+                       out=s[p], a_idx=f"m*{W} + k", b_idx=f"n*{W} + k", c_idx=f"m*{HD} + n",
+                       a_kfast=True, b_nfast=False, bias=ctx.p(f"{p}.bias"))
+        rows = B * H * U
+        ks.append(kernel("forward_attention", "graph_attention", self._consts(node, ctx, "forward"),
+                         {"Q": s["q"], "K": s["k"], "V": s["v"], "P": s["p"], "O": s["o"]},
+                         (round_up(rows, LOCAL),), (LOCAL,)))
+        ks += gemm(ctx, "forward_out", M=R, N=W, K=2 * HD, a=s["o"], w=ctx.p("out.weight"),
+                   out=ctx.y, a_idx=f"m*{2 * HD} + k", b_idx=f"n*{2 * HD} + k",
+                   c_idx=f"m*{W} + n", a_kfast=True, b_nfast=False, bias=ctx.p("out.bias"))
+        return ks
+
+    def backward(self, node, ctx):
+        B, U, W, H, DK, HD = self._dims(node, ctx)
+        s, R = self._buffers(node, ctx), B * U
+        do = ctx.scratch("do", R * 2 * HD)
+        ds = ctx.scratch("ds", B * H * U * U)
+        d = {p: ctx.scratch(f"d{p}", R * HD) for p in ("q", "k", "v")}
+        # out: dO = dY·W_out, dW_out = dYᵀ·O, db_out = Σ dY
+        ks = gemm(ctx, "backward_o", M=R, N=2 * HD, K=W, a=ctx.dy, w=ctx.p("out.weight"), out=do,
+                  a_idx=f"m*{W} + k", b_idx=f"k*{2 * HD} + n", c_idx=f"m*{2 * HD} + n",
+                  a_kfast=True, b_nfast=True)
+        ks += gemm(ctx, "backward_out_weight", M=W, N=2 * HD, K=R, a=ctx.dy, w=s["o"],
+                   out=ctx.dp("out.weight"), a_idx=f"k*{W} + m", b_idx=f"k*{2 * HD} + n",
+                   c_idx=f"m*{2 * HD} + n", a_kfast=False, b_nfast=True)
+        ks += column_sum(ctx, "backward_out_bias", rows=R, cols=W, src=ctx.dy, out=ctx.dp("out.bias"))
+        ks.append(kernel("backward_scores", "graph_attention",
+                         self._consts(node, ctx, "backward_scores"),
+                         {"V": s["v"], "P": s["p"], "dO": do, "dS": ds},
+                         (round_up(B * H * U, LOCAL),), (LOCAL,)))
+        ks.append(kernel("backward_qkv", "graph_attention", self._consts(node, ctx, "grads"),
+                         {"Q": s["q"], "K": s["k"], "P": s["p"], "dO": do, "dS": ds,
+                          "dQ": d["q"], "dK": d["k"], "dV": d["v"]},
+                         (round_up(R * HD, LOCAL),), (LOCAL,)))
+        for i, p in enumerate(("q", "k", "v")):
+            if ctx.dx(0):      # dX (+)= dP·W_p
+                ks += gemm(ctx, f"backward_input_{p}", M=R, N=W, K=HD, a=d[p],
+                           w=ctx.p(f"{p}.weight"), out=ctx.dx(0), a_idx=f"m*{HD} + k",
+                           b_idx=f"k*{W} + n", c_idx=f"m*{W} + n", a_kfast=True, b_nfast=True,
+                           accumulate=ctx.acc(0) or i > 0)
+            ks += gemm(ctx, f"backward_{p}_weight", M=HD, N=W, K=R, a=d[p], w=ctx.x(0),
+                       out=ctx.dp(f"{p}.weight"), a_idx=f"k*{HD} + m", b_idx=f"k*{W} + n",
+                       c_idx=f"m*{W} + n", a_kfast=False, b_nfast=True)
+            ks += column_sum(ctx, f"backward_{p}_bias", rows=R, cols=HD, src=d[p],
+                             out=ctx.dp(f"{p}.bias"))
+        return ks

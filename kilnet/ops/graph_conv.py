@@ -1,0 +1,82 @@
+"""graph_conv: the gated per-unit map of the GTE block, y = σ(W_f·x + b_f) ⊙ leaky_relu(W_s·x + b_s).
+
+Parameters (PyTorch Linear layouts, one pair per branch): ``filter.weight`` (width, W) and
+``filter.bias`` (width,) for the sigmoid gate, ``state.weight`` (width, W) and ``state.bias``
+(width,) for the leaky-ReLU branch (slope 0.01).
+
+Departures from the article (CGConv in CNeuronGTE): the article's host code hands CGConv a
+(W, U) shape so that only the first W inputs are mapped, and uses ``cGraphConv[1]`` where
+``[0]`` belongs; here every unit is mapped with all W of its features, and the two stacked
+graph_convs of a GTE block are separate nodes with their own parameters. The article's weights
+carry the bias as their last column; here it is a separate vector. Gradients are the exact
+derivatives of the gate product (no clamping of gradients or weights).
+"""
+from ..compiler import symbolic
+from ..graph import graph_of
+from .base import Op, Param, int_attr, kernel, need, register, round_up
+from .gemm import column_sum, gemm
+
+LOCAL = 64
+
+
+def graph_conv(x, width, name=None):
+    """(U, W) -> (U, width): per unit σ(W_f·x + b_f) ⊙ leaky_relu(W_s·x + b_s)."""
+    return graph_of(x, "graph_conv").add("graph_conv", [x], {"width": width}, name)
+
+
+@register
+class GraphConv(Op):
+    kind = "graph_conv"
+
+    def infer(self, node):
+        width = int_attr(node, "width", node.attrs["width"])
+        shape = node.inputs[0].shape
+        need(len(shape) == 2, node, f"input {node.inputs[0].name!r} must be (units, width), "
+             f"got shape {shape}")
+        return (shape[0], width)
+
+    def params(self, node):
+        F, W = node.attrs["width"], node.inputs[0].shape[1]
+        return [Param("filter.weight", (F, W), "uniform", W), Param("filter.bias", (F,), "uniform", W),
+                Param("state.weight", (F, W), "uniform", W), Param("state.bias", (F,), "uniform", W)]
+
+    def _dims(self, node, ctx):
+        (U, W), F = node.inputs[0].shape, node.attrs["width"]
+        return ctx.batch * U, W, F
+
+    def forward(self, node, ctx):
+        R, W, F = self._dims(node, ctx)
+        z = {b: ctx.scratch(f"z{b[0]}", R * F) for b in ("filter", "state")}
+        ks = []
+        for b in ("filter", "state"):
+            ks += gemm(ctx, f"forward_{b}", M=R, N=F, K=W, a=ctx.x(0), w=ctx.p(f"{b}.weight"),
+                       out=z[b], a_idx=f"m*{W} + k", b_idx=f"n*{W} + k", c_idx=f"m*{F} + n",
+                       a_kfast=True, b_nfast=False, bias=ctx.p(f"{b}.bias"))
+        ks.append(kernel("forward", "graph_conv",
+                         dict(mode="forward", N=R * F, act=symbolic.forward_c("leaky_relu")),
+                         {"zf": z["filter"], "zs": z["state"], "out": ctx.y},
+                         (round_up(R * F, LOCAL),), (LOCAL,)))
+        return ks
+
+    def backward(self, node, ctx):
+        R, W, F = self._dims(node, ctx)
+        zf, zs = ctx.scratch("zf", R * F), ctx.scratch("zs", R * F)
+        dzs = ctx.scratch("dzs", R * F)
+        ks = [kernel("backward_gate", "graph_conv",
+                     dict(mode="backward", N=R * F, act=symbolic.forward_c("leaky_relu"),
+                          dact=symbolic.derivative_c("leaky_relu")),
+                     {"zf": zf, "zs": zs, "dout": ctx.dy, "dzs": dzs},
+                     (round_up(R * F, LOCAL),), (LOCAL,))]
+        dz = {"filter": ctx.dy, "state": dzs}          # dy now holds dzf
+        for i, b in enumerate(("filter", "state")):
+            if ctx.dx(0):      # dX (+)= dZ_b·W_b
+                ks += gemm(ctx, f"backward_input_{b}", M=R, N=W, K=F, a=dz[b],
+                           w=ctx.p(f"{b}.weight"), out=ctx.dx(0), a_idx=f"m*{F} + k",
+                           b_idx=f"k*{W} + n", c_idx=f"m*{W} + n", a_kfast=True, b_nfast=True,
+                           accumulate=ctx.acc(0) or i > 0)
+            ks += gemm(ctx, f"backward_{b}_weight", M=F, N=W, K=R, a=dz[b], w=ctx.x(0),
+                       out=ctx.dp(f"{b}.weight"), a_idx=f"k*{F} + m", b_idx=f"k*{W} + n",
+                       c_idx=f"m*{W} + n", a_kfast=False, b_nfast=True)
+            ks += column_sum(ctx, f"backward_{b}_bias", rows=R, cols=F, src=dz[b],
+                             out=ctx.dp(f"{b}.bias"))
+        return ks
