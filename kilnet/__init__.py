@@ -2,6 +2,7 @@
 from .errors import CheckpointError, CompileError, FeedError, GraphError, KilnetError, ShapeError
 from .graph import Graph, Value
 from .ops import activation, add_norm, batchnorm, concat, conv1d, dense, reshape, softmax
+from .ops import graph_attention, graph_conv, gte_block
 from .ops.optimizers import SGD, Adam
 from .compiler import compile
 from .runtime.device import devices
@@ -13,6 +14,7 @@ __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam",
            "activation", "add_norm", "batchnorm", "concat", "conv1d", "dense", "reshape", "softmax",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError", "CheckpointError",
            "ACTIVATIONS"]
+__all__ += ["graph_attention", "graph_conv", "gte_block"]
 from .ops import time_encoding  # noqa: E402
 __all__ += ["time_encoding"]
 from .ops import mamba4cast_embedding  # noqa: E402

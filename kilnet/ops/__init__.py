@@ -8,9 +8,13 @@ from .batchnorm import batchnorm
 from .softmax import softmax
 from .concat import concat
 from .add_norm import add_norm
+from .graph_attention import graph_attention
+from .graph_conv import graph_conv
+from .gte_block import gte_block
 
 __all__ = ["reshape", "activation", "dense", "conv1d", "batchnorm", "softmax", "concat", "add_norm"]
 from .time_encoding import time_encoding  # noqa: E402
 __all__ += ["time_encoding"]
 from .mamba4cast import mamba4cast_embedding  # noqa: E402
 __all__ += ["mamba4cast_embedding"]
+__all__ += ["graph_attention", "graph_conv", "gte_block"]
