@@ -35,7 +35,12 @@ s = (σ² + eps)^{-1/2}, e = dy·act'(·)·γ):
     μ̄_b = a·μ̄_{b+1} − δ̄_b,               dx_b = δ̄_b + c·μ̄_b.
 For one sample this is ((B−1)/B)·s·(1 − δ²s²/B)·e, the corrected formula of ARTICLES.md §2
 bug 1; the articles' kernel has exponent 1 instead of 3/2 (`3/2` in integer arithmetic), uses
-μ·x where δ is needed, has the wrong sign, and ignores the chain across samples.
+μ·x where δ is needed, has the wrong sign, and ignores the chain across samples. Other
+departures from the articles' layer (ARTICLES.md §1, §2 bug 2): their statistics update on every
+call, inference included, and start at 0 (here only train_step stores them; they start at 0 and
+1); their host runs the window with min(count, B) and passes the input through for B <= 1, and
+resets γ = 0 to 1 (here the map above is used as written for every B >= 1 and every γ); eps is
+the op's ``eps`` rather than a version-dependent constant.
 """
 from ..compiler import symbolic
 from ..graph import graph_of
