@@ -18,9 +18,9 @@ puts key k in query q's connected set; it need not be symmetric); default the ch
 Kernels: three GEMMs for the projections, one kernel per (sample, head, query) row for both
 masked softmaxes and both outputs (the probabilities are kept in scratch for backward), one GEMM
 for ``out``. Backward: out's GEMMs; one row kernel for dS (each set's softmax Jacobian:
-dS_qk = Σ_set A_qk(dA_qk − Σ_j A_qj·dA_qj)/√dk, so the diagonal gets both sets' terms); one
-kernel for dQ = dS·K, dK = dSᵀ·Q, dV = Σ_set A_setᵀ·dO_set; then the projections' weight and
-bias gradients, and dx as the sum of the three input products.
+dS_qk = Σ_set A_qk(dA_qk − Σ_j A_qj·dA_qj)/√dk, so the diagonal gets both sets' terms); GEMMs
+batched over (sample, head) for dQ = dS·K, dK = dSᵀ·Q and dV = Σ_set A_setᵀ·dO_set; then the
+projections' weight and bias gradients, and dx as the sum of the three input products.
 
 Departures from the article (GTEFeedForward / GTEInsideGradients / CNeuronGTE): K is read at its
 own offset (the article's ``shift_k`` lacks the key_dim factor and reads K from the Q block);
@@ -175,10 +175,21 @@ class GraphAttention(Op):
                          self._consts(node, ctx, "backward_scores"),
                          {"V": s["v"], "P": s["p"], "dO": do, "dS": ds},
                          (round_up(B * H * U, LOCAL),), (LOCAL,)))
-        ks.append(kernel("backward_qkv", "graph_attention", self._consts(node, ctx, "grads"),
-                         {"Q": s["q"], "K": s["k"], "P": s["p"], "dO": do, "dS": ds,
-                          "dQ": d["q"], "dK": d["k"], "dV": d["v"]},
-                         (round_up(R * HD, LOCAL),), (LOCAL,)))
+        # dQ = dS·K, dK = dSᵀ·Q, dV = A_conᵀ·dO_con + A_notᵀ·dO_not: products batched over
+        # (sample, head) = z, with head h's columns of Q, K, V, dO picked by the index expressions.
+        BH, BHUU = B * H, B * H * U * U
+        cols = f"((b)/{H})*{U * HD} + ((b)%{H})*{DK} + (n)"      # unit (m or k) added below
+        ks += gemm(ctx, "backward_q", M=U, N=DK, K=U, batch=BH, a=ds, w=s["k"], out=d["q"],
+                   a_idx=f"(b)*{U * U} + (m)*{U} + (k)", b_idx=f"{cols} + (k)*{HD}",
+                   c_idx=f"{cols} + (m)*{HD}", a_kfast=True, b_nfast=True)
+        ks += gemm(ctx, "backward_k", M=U, N=DK, K=U, batch=BH, a=ds, w=s["q"], out=d["k"],
+                   a_idx=f"(b)*{U * U} + (k)*{U} + (m)", b_idx=f"{cols} + (k)*{HD}",
+                   c_idx=f"{cols} + (m)*{HD}", a_kfast=False, b_nfast=True)
+        ks += gemm(ctx, "backward_v", M=U, N=DK, K=2 * U, batch=BH, a=s["p"], w=do, out=d["v"],
+                   a_idx=f"((k)/{U})*{BHUU} + (b)*{U * U} + ((k)%{U})*{U} + (m)",
+                   b_idx=f"((b)/{H})*{U * 2 * HD} + ((k)%{U})*{2 * HD} + ((k)/{U})*{HD} "
+                         f"+ ((b)%{H})*{DK} + (n)",
+                   c_idx=f"{cols} + (m)*{HD}", a_kfast=False, b_nfast=True)
         for i, p in enumerate(("q", "k", "v")):
             if ctx.dx(0):      # dX (+)= dP·W_p
                 ks += gemm(ctx, f"backward_input_{p}", M=R, N=W, K=HD, a=d[p],
