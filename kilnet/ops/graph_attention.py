@@ -13,7 +13,10 @@ Parameters: ``q.weight``, ``k.weight``, ``v.weight`` (heads·key_dim, W) and the
 ``adjacency``: a (U, U) array of bools or 0/1 ints (numpy or nested lists; adjacency[q][k]
 puts key k in query q's connected set; it need not be symmetric); default the chain
 |q − k| = 1. It is stored in the node's attributes as ``{"units": U, "edges": [[q, k], ...]}``
-(diagonal entries dropped) and baked into the kernel as a constant bit mask.
+(diagonal entries dropped) and baked into the kernel as a constant bit mask of U·⌈U/32⌉ words,
+which must fit OpenCL's minimum constant memory (64 KiB: a user adjacency of at most 712 units;
+the default chain has no such limit). Memory: the probabilities take 2·batch·heads·U² reals of
+scratch (plus batch·heads·U² for dS in training plans).
 
 Kernels: three GEMMs for the projections, one kernel per (sample, head, query) row for both
 masked softmaxes and both outputs (the probabilities are kept in scratch for backward), one GEMM
