@@ -19,3 +19,6 @@ from .ops import time_encoding  # noqa: E402
 __all__ += ["time_encoding"]
 from .ops import mamba4cast_embedding  # noqa: E402
 __all__ += ["mamba4cast_embedding"]
+
+from .ops import multi_window_conv  # noqa: E402
+__all__ += ["multi_window_conv"]

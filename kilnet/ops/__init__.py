@@ -18,3 +18,6 @@ __all__ += ["time_encoding"]
 from .mamba4cast import mamba4cast_embedding  # noqa: E402
 __all__ += ["mamba4cast_embedding"]
 __all__ += ["graph_attention", "graph_conv", "gte_block"]
+
+from .multi_window_conv import multi_window_conv  # noqa: E402
+__all__ += ["multi_window_conv"]

@@ -1,0 +1,226 @@
+"""multi_window_conv: several centred, zero-padded windows over each variable's sequence.
+
+Input (V, T): V variables (rows), each a sequence of T steps. Every window i of length n_i sees
+the same P = ⌈T/step⌉ positions; at position p it starts at p·step − ⌊(n_i − 1)/2⌋ (centred),
+and taps outside [0, T) read zero. Output (V, P, len(windows)·filters):
+
+    out[v, p, i·F + f] = act(b_i[f] + Σ_k W_i[f, k]·x[v, p·step − ⌊(n_i − 1)/2⌋ + k])
+
+Parameters per window i: ``weight.i`` (filters, n_i) and ``bias.i`` (filters,), both uniform
+±1/√n_i. The articles' MultWinConvWPad kernel starts each window one step further left
+(p·step − ⌊(n + 1)/2⌋, so odd windows sit left of centre) and its output index drops the window;
+neither is reproduced here.
+
+Kernels (templates/multi_window_conv.cl.j2; window lengths, offsets and parameter pointers baked
+in as constants). Rows are (sample, variable) pairs.
+
+- forward: one launch computes every window. GPU form: a work-item per output value (row,
+  position, filter). CPU form: a work-item per (row, a few positions), V-wide vectors over the
+  filters, reading weights that a small ``forward_pack`` launch has laid out k-major (scratch
+  ``packed``); the activation is applied to whole vectors. Training keeps the pre-activation
+  (scratch ``z``) and backward first turns dy into dz = dy·act'(z) in place.
+- backward_input: a gather per input element x[row, t]: it sums dz·W over every window, filter
+  and position that read it (no atomics, a fixed order, so results repeat bit for bit).
+- backward_params: dW_i[f, k] = Σ dz[·, i·F + f]·x[·, start + k] and db_i[f] = Σ dz over the
+  batch, variables and positions; the work is cut into units of a window's filter and at most KT
+  taps. GPU form: a work-group per (filter, unit), its lanes striding over the rows and meeting in
+  local memory. CPU form: a work-item per (block of V filters, unit) walking the rows, no
+  barriers. When that leaves too few groups for the device, the rows are also split into slices
+  whose partial sums a second launch (``backward_params_reduce``) adds in a fixed order.
+"""
+from ..compiler import symbolic
+from ..graph import graph_of
+from .activation import scale_by_derivative
+from .gemm import VEC_BYTES
+from .base import GraphError, Op, Param, int_attr, kernel, need, pow2_at_least, register, round_up
+
+LOCAL = 64            # forward / input-gradient work-group size
+KT = 8                # taps per parameter-gradient unit (longer windows are cut into chunks)
+CPU_LANES = 16        # work-items per CPU work-group (forward, input gradient)
+CPU_SCALE = 16        # vectors per CPU work-item when scaling by act'
+CPU_CHUNK = 4         # positions (forward) or steps (input gradient) per CPU work-item
+
+
+def multi_window_conv(x, windows, filters, step=1, activation=None, name=None):
+    """(V, T) -> (V, ⌈T/step⌉, len(windows)·filters): one centred, zero-padded convolution per
+    window length in ``windows``, all giving the same positions."""
+    return graph_of(x, "multi_window_conv").add(
+        "multi_window_conv", [x], {"windows": windows, "filters": filters, "step": step,
+                                   "activation": activation}, name)
+
+
+def _left(n):
+    return (n - 1) // 2
+
+
+@register
+class MultiWindowConv(Op):
+    kind = "multi_window_conv"
+
+    def infer(self, node):
+        a = node.attrs
+        w = a["windows"]
+        need(isinstance(w, (list, tuple)) and len(w) > 0, node,
+             f"windows must be a non-empty list of ints, got {w!r}", GraphError)
+        for j, n in enumerate(w):
+            ok = isinstance(n, int) and not isinstance(n, bool) and n >= 1
+            need(ok, node, f"windows[{j}] must be an int >= 1, got {n!r} (windows={list(w)!r})",
+                 GraphError)
+        a["windows"] = [int(n) for n in w]
+        int_attr(node, "filters", a["filters"])
+        int_attr(node, "step", a["step"])
+        a["activation"] = symbolic.check(a["activation"])
+        shape = node.inputs[0].shape
+        need(len(shape) == 2, node, f"input {node.inputs[0].name!r} must be (variables, steps), "
+             f"got shape {shape}")
+        V, T = shape
+        for j, n in enumerate(a["windows"]):
+            need(n <= T, node, f"windows[{j}] = {n} is longer than the input's {T} steps")
+        return (V, -(-T // a["step"]), len(a["windows"]) * a["filters"])
+
+    def params(self, node):
+        F = node.attrs["filters"]
+        out = []
+        for i, n in enumerate(node.attrs["windows"]):
+            out += [Param(f"weight.{i}", (F, n), "uniform", n), Param(f"bias.{i}", (F,), "uniform", n)]
+        return out
+
+    # -- constants shared by every kernel ----------------------------------------------------
+    def _consts(self, node, ctx, mode):
+        (V, T), (_, P, O) = node.inputs[0].shape, node.shape
+        a = node.attrs
+        F = a["filters"]
+        wins, toff = [], 0
+        for i, n in enumerate(a["windows"]):
+            wins.append(dict(i=i, n=n, left=_left(n), col=i * F, toff=toff))
+            toff += n * F
+        c = dict(mode=mode, form=ctx.target.kind, R=ctx.batch * V, T=T, P=P, O=O, F=F,
+                 S=a["step"], wins=wins, WT=toff)
+        if c["form"] == "cpu":
+            vmax = VEC_BYTES // (8 if ctx.dtype == "double" else 4)
+            c["V"] = next(v for v in (8, 4, 2, 1) if v <= vmax and F % v == 0)
+            c["ctype"] = ctx.dtype
+        return c
+
+    def _wbufs(self, node, ctx, grads=False):
+        """Each window's weight and bias (``w0, b0, w1, …``), or their gradients (``dw0, db0, …``)."""
+        get, d = (ctx.dp, "d") if grads else (ctx.p, "")
+        bufs = {}
+        for i in range(len(node.attrs["windows"])):
+            bufs[f"{d}w{i}"] = get(f"weight.{i}")
+            bufs[f"{d}b{i}"] = get(f"bias.{i}")
+        return bufs
+
+    def _z(self, node, ctx):
+        if node.attrs["activation"] == "none":
+            return None
+        return ctx.scratch("z", ctx.batch * node.size)
+
+    def _packed(self, node, ctx, c):
+        """CPU form: the weights k-major and the biases side by side, written by each forward."""
+        return ctx.scratch("packed", c["WT"] + c["O"])
+
+    def forward(self, node, ctx):
+        c = self._consts(node, ctx, "forward")
+        act = node.attrs["activation"]
+        z = self._z(node, ctx) if ctx.training else None
+        c.update(act=symbolic.forward_c(act, "pre"), store_z=z is not None)
+        if c["form"] == "cpu":
+            c["vact"] = _vector_expr(c["act"])
+        bufs = {"x": ctx.x(0), "out": ctx.y}
+        if z:
+            bufs["z"] = z
+        if c["form"] == "gpu":
+            n = c["P"] * c["F"]
+            return [kernel("forward", "multi_window_conv", c, dict(bufs, **self._wbufs(node, ctx)),
+                           (round_up(n, LOCAL), c["R"]), (LOCAL, 1))]
+        pk = self._packed(node, ctx, c)
+        ks = [kernel("forward_pack", "multi_window_conv", dict(c, mode="pack"),
+                     dict(pk=pk, **self._wbufs(node, ctx)),
+                     (round_up(c["WT"] + c["O"], LOCAL),), (LOCAL,))]
+        return ks + [self._cpu_chunks("forward", c, dict(bufs, pk=pk), c["P"])]
+
+    def _cpu_chunks(self, step, c, bufs, length):
+        """CPU form: a work-item per (chunk of PC positions or steps, row)."""
+        c["NC"] = -(-length // CPU_CHUNK)
+        c["PC"] = CPU_CHUNK
+        lx = min(CPU_LANES, pow2_at_least(c["NC"], CPU_LANES))
+        return kernel(step, "multi_window_conv", c, bufs, (round_up(c["NC"], lx), c["R"]), (lx, 1))
+
+    def backward(self, node, ctx):
+        act = node.attrs["activation"]
+        if ctx.target.kind == "gpu" or act == "none":
+            ks = scale_by_derivative(ctx, act, self._z(node, ctx), ctx.batch * node.size)
+        else:                # dy becomes dz, with vector math (PoCL's scalar exp is slow)
+            c = self._consts(node, ctx, "scale")
+            dact = symbolic.derivative_c(act, "pre")
+            c.update(N=ctx.batch * node.size, SC=CPU_SCALE, dact=dact, vdact=_vector_expr(dact))
+            items = -(-c["N"] // (c["SC"] * c["V"]))
+            lx = min(CPU_LANES, pow2_at_least(items, CPU_LANES))
+            ks = [kernel("backward_activation", "multi_window_conv", c,
+                         {"z": self._z(node, ctx), "dz": ctx.dy}, (round_up(items, lx),), (lx,))]
+        if ctx.dx(0):
+            c = self._consts(node, ctx, "backward_input")
+            c.update(accumulate=ctx.acc(0))
+            bufs = {"dz": ctx.dy, "dx": ctx.dx(0)}
+            if c["form"] == "gpu":
+                ks.append(kernel("backward_input", "multi_window_conv", c,
+                                 dict(bufs, **self._wbufs(node, ctx)),
+                                 (round_up(c["T"], LOCAL), c["R"]), (LOCAL, 1)))
+            else:      # the packed weights of this step's forward
+                ks.append(self._cpu_chunks("backward_input", c,
+                                           dict(bufs, pk=self._packed(node, ctx, c)), c["T"]))
+        return ks + self._param_grads(node, ctx)
+
+    def _param_grads(self, node, ctx):
+        c = self._consts(node, ctx, "backward_params")
+        F, P, R = c["F"], c["P"], c["R"]
+        J = R * P                                    # rows of the reduction: (sample, variable, position)
+        units, offset = [], 0
+        for w in c["wins"]:
+            w["woff"], w["boff"] = offset, offset + F * w["n"]
+            offset += F * (w["n"] + 1)
+            for k0 in range(0, w["n"], KT):
+                units.append(dict(w, k0=k0, kn=min(KT, w["n"] - k0), bias=k0 == 0))
+        PN = offset                                  # every parameter gradient, window by window
+        target = ctx.target
+        if target.kind == "cpu":
+            FB = F // c["V"]
+            slices = _slices(target, FB * len(units), J, 256)
+            glob, local, L = (FB, len(units)), (1, 1, 1), 1
+        else:
+            item = 8 if ctx.dtype == "double" else 4
+            L = min(256, target.max_work_group, pow2_at_least(J, 256))
+            while L > 1 and (KT + 1) * L * item > target.local_mem // 2:
+                L //= 2
+            slices = _slices(target, F * len(units), J, 4 * L)
+            glob, local = (L * F, len(units)), (L, 1, 1)
+        JC = -(-J // slices)
+        slices = -(-J // JC)                         # no empty slice
+        glob += (slices,)
+        c.update(units=units, L=L, KT=KT, J=J, JC=JC, split=slices > 1, PN=PN)
+        xb = {"x": ctx.x(0), "dz": ctx.dy}
+        grads = self._wbufs(node, ctx, grads=True)
+        if slices == 1:
+            return [kernel("backward_params", "multi_window_conv", c, dict(xb, **grads), glob, local)]
+        partial = ctx.scratch("dparams.partial", slices * PN)
+        ks = [kernel("backward_params", "multi_window_conv", c, dict(xb, partial=partial), glob,
+                     local)]
+        rc = dict(c, mode="reduce_params", NS=slices)
+        ks.append(kernel("backward_params_reduce", "multi_window_conv", rc,
+                         dict(partial=partial, **grads), (round_up(PN, LOCAL),), (LOCAL,)))
+        return ks
+
+
+def _vector_expr(expr):
+    """An activation expression in ``pre`` for V-wide vectors: every literal cast to ``vec`` (so a
+    select between two constants is a vector select); None where it calls a scalar-only helper."""
+    return None if "kn_" in expr else expr.replace("(real)", "(vec)")
+
+
+def _slices(target, groups, rows, min_rows):
+    """How many slices to cut the rows into so that the device has about two work-groups per
+    compute unit, keeping at least ``min_rows`` rows in each."""
+    want = -(-2 * target.compute_units // groups)
+    return max(1, min(want, rows // min_rows))
+
