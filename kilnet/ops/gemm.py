@@ -4,6 +4,8 @@ The op states its product as index expressions; this module picks the kernel for
 (local-memory tiles on GPUs, vector registers on CPUs), the tile shape and a k-split. Each
 function returns a list of kernels.
 """
+import re
+
 from ..compiler import symbolic
 from .base import kernel, pow2_at_least, round_up
 
@@ -32,7 +34,8 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
 
     a_kfast: A is contiguous in k (else in m); b_nfast: B is contiguous in n (else in k).
     """
-    consts = dict(M=M, N=N, K=K, a_idx=a_idx, b_idx=b_idx, c_idx=c_idx, a_kfast=a_kfast,
+    consts = dict(M=M, N=N, K=K, a_idx=_macro_body(a_idx, "mkb"), b_idx=_macro_body(b_idx, "knb"),
+                  c_idx=_macro_body(c_idx, "mnb"), a_kfast=a_kfast,
                   b_nfast=b_nfast, a_pred=a_pred, bias=bias is not None, store_z=z is not None,
                   act=symbolic.forward_c(act), accumulate=accumulate)
     buffers = {"a": a, "w": w, "out": out}
@@ -59,11 +62,17 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     kc = round_up(-(-K // split), TK)
     split = -(-K // kc)
     partial = ctx.scratch(f"{step}.partial", split * M * N)
-    consts.update(KC=kc, split=True, c_idx=f"b*{M * N} + m*{N} + n", accumulate=False,
+    consts.update(KC=kc, split=True, c_idx=_macro_body(f"b*{M * N} + m*{N} + n", "mnb"), accumulate=False,
                   act=symbolic.forward_c("none"))
     glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
     return [kernel(step, "gemm", consts, dict(buffers, out=partial), glob, local)] + column_sum(
         ctx, f"{step}_reduce", rows=split, cols=M * N, src=partial, out=out, accumulate=accumulate)
+
+
+def _macro_body(expr, params):
+    """The index expression as the body of a C macro of ``params``: each use of a parameter is
+    parenthesised, so that an argument such as ``n0 + j`` binds as a whole."""
+    return re.sub(r"\b([%s])\b" % params, r"(\1)", expr)
 
 
 def _split(ctx, groups, K):
