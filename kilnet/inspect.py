@@ -16,14 +16,11 @@ def summary(model):
     if plan.optimizer is not None:
         out.append(f"optimizer {plan.optimizer!r}; loss {plan.loss}")
     out.append("")
-    out.append(f"{'node':<24}{'op':<14}{'shape':<18}{'params':>10}  inputs")
-    total = 0
-    for node in g.nodes:
-        n = sum(_size(p.shape) for p in get_op(node.op).params(node))
-        total += n
-        out.append(f"{node.name:<24}{node.op:<14}{str(node.shape):<18}{n:>10}  "
-                   f"{', '.join(i.name for i in node.inputs)}")
-    out.append(f"{'':<56}{total:>10} parameters")
+    rows = [(node.name, node.op, str(node.shape),
+             str(sum(_size(p.shape) for p in get_op(node.op).params(node))),
+             ", ".join(i.name for i in node.inputs)) for node in g.nodes]
+    out += _table(("node", "op", "shape", "params", "inputs"), rows, right=(3,))
+    out.append(f"total parameters: {sum(int(r[3]) for r in rows)}")
     out.append("")
     out.append("arenas: " + ", ".join(f"{role} {_fmt_bytes(n * model._exec.item)}"
                                        for role, n in plan.arenas.items() if n))
@@ -35,21 +32,33 @@ def summary(model):
     return "\n".join(out)
 
 
+def _table(heads, rows, right=()):
+    """Rows of strings in columns as wide as their widest cell; columns in ``right`` align right."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(heads)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return [line(heads)] + [line(r) for r in rows]
+
+
 def kernel_table(model):
-    rows = [f"{'launch':<34}{'phase':<13}{'kernel':<34}{'global':<18}{'local':<14}"]
-    for launch in model.kernels:
-        rows.append(f"{launch.name:<34}{launch.phase:<13}{launch.kernel:<34}"
-                    f"{str(launch.global_size):<18}{str(launch.local_size):<14}")
-        rows.append("    args: " + ", ".join(
+    heads = ("launch", "phase", "kernel", "global", "local")
+    out = _table(heads, [(la.name, la.phase, la.kernel, str(la.global_size), str(la.local_size))
+                         for la in model.kernels])
+    lines = [out[0]]
+    for launch, row in zip(model.kernels, out[1:]):
+        lines.append(row)
+        lines.append("    args: " + ", ".join(
             f"{a.slot}:{a.name}={a.buffer if a.name.endswith('_arena') else a.value}" for a in launch.args))
-    return "\n".join(rows)
+    return "\n".join(lines)
 
 
 def memory_table(model):
-    rows = [f"{'buffer':<34}{'role':<11}{'offset':>10}{'elements':>11}  shape"]
-    for r in model.memory_map():
-        rows.append(f"{r['name']:<34}{r['role']:<11}{r['offset']:>10}{r['size']:>11}  {r['shape']}")
-    return "\n".join(rows)
+    rows = [(r["name"], r["role"], str(r["offset"]), str(r["size"]), str(r["shape"]))
+            for r in model.memory_map()]
+    return "\n".join(_table(("buffer", "role", "offset", "elements", "shape"), rows, right=(2, 3)))
 
 
 def _size(shape):
