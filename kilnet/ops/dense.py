@@ -3,7 +3,7 @@ from ..compiler import symbolic
 from ..graph import graph_of
 from .base import Op, Param, int_attr, register
 from .activation import scale_by_derivative
-from .gemm import column_sum, gemm
+from .gemm import linear, linear_backward
 
 
 def dense(x, units, activation=None, bias=True, name=None):
@@ -37,24 +37,15 @@ class Dense(Op):
 
     def forward(self, node, ctx):
         U, I, act = node.attrs["units"], node.inputs[0].size, node.attrs["activation"]
-        return gemm(ctx, "forward", M=ctx.batch, N=U, K=I, a=ctx.x(0), w=ctx.p("weight"), out=ctx.y,
-                    a_idx=f"m*{I} + k", b_idx=f"n*{I} + k", c_idx=f"m*{U} + n",
-                    a_kfast=True, b_nfast=False,
-                    bias=ctx.p("bias") if node.attrs["bias"] else None, act=act,
-                    z=self._z(node, ctx) if ctx.training else None)
+        return linear(ctx, "forward", rows=ctx.batch, n_in=I, n_out=U, x=ctx.x(0),
+                      weight=ctx.p("weight"), out=ctx.y,
+                      bias=ctx.p("bias") if node.attrs["bias"] else None, act=act,
+                      z=self._z(node, ctx) if ctx.training else None)
 
     def backward(self, node, ctx):
         U, I, act, B = node.attrs["units"], node.inputs[0].size, node.attrs["activation"], ctx.batch
         ks = scale_by_derivative(ctx, act, self._z(node, ctx), B * U)   # dY becomes dZ
-        if ctx.dx(0):   # dX = dZ·W
-            ks += gemm(ctx, "backward_input", M=B, N=I, K=U, a=ctx.dy, w=ctx.p("weight"),
-                       out=ctx.dx(0), a_idx=f"m*{U} + k", b_idx=f"k*{I} + n",
-                       c_idx=f"m*{I} + n", a_kfast=True, b_nfast=True,
-                       accumulate=ctx.acc(0))
-        # dW = dZᵀ·X
-        ks += gemm(ctx, "backward_weight", M=U, N=I, K=B, a=ctx.dy, w=ctx.x(0), out=ctx.dp("weight"),
-                   a_idx=f"k*{U} + m", b_idx=f"k*{I} + n", c_idx=f"m*{I} + n",
-                   a_kfast=False, b_nfast=True)
-        if node.attrs["bias"]:
-            ks += column_sum(ctx, "backward_bias", rows=B, cols=U, src=ctx.dy, out=ctx.dp("bias"))
-        return ks
+        return ks + linear_backward(ctx, rows=B, n_in=I, n_out=U, dz=ctx.dy, x=ctx.x(0),
+                                    weight=ctx.p("weight"), dweight=ctx.dp("weight"),
+                                    dbias=ctx.dp("bias") if node.attrs["bias"] else None,
+                                    dx=ctx.dx(0), accumulate=ctx.acc(0))

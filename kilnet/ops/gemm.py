@@ -81,6 +81,33 @@ def _split(ctx, groups, K):
     return max(1, min(want, K // (8 * TK)))
 
 
+def linear(ctx, step, *, rows, n_in, n_out, x, weight, out, bias=None, act="none", z=None,
+           accumulate=False):
+    """out[r, o] (=|+=) act(bias[o] + Σ_i weight[o, i]·x[r, i]): torch.nn.Linear's layout over
+    ``rows`` rows (samples, or samples × units)."""
+    return gemm(ctx, step, M=rows, N=n_out, K=n_in, a=x, w=weight, out=out, a_idx=f"m*{n_in} + k",
+                b_idx=f"n*{n_in} + k", c_idx=f"m*{n_out} + n", a_kfast=True, b_nfast=False,
+                bias=bias, act=act, z=z, accumulate=accumulate)
+
+
+def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight, dbias=None,
+                    dx=None, accumulate=False):
+    """The gradients of ``linear`` from dz = ∂L/∂(pre-activation): dx (=|+=) dz·W (when dx is
+    wanted), dW = dzᵀ·x, db = Σ_r dz. Steps: backward_input<suffix>, backward<suffix>_weight,
+    backward<suffix>_bias."""
+    ks = []
+    if dx is not None:
+        ks += gemm(ctx, f"backward_input{suffix}", M=rows, N=n_in, K=n_out, a=dz, w=weight, out=dx,
+                   a_idx=f"m*{n_out} + k", b_idx=f"k*{n_in} + n", c_idx=f"m*{n_in} + n",
+                   a_kfast=True, b_nfast=True, accumulate=accumulate)
+    ks += gemm(ctx, f"backward{suffix}_weight", M=n_out, N=n_in, K=rows, a=dz, w=x, out=dweight,
+               a_idx=f"k*{n_out} + m", b_idx=f"k*{n_in} + n", c_idx=f"m*{n_in} + n",
+               a_kfast=False, b_nfast=True)
+    if dbias is not None:
+        ks += column_sum(ctx, f"backward{suffix}_bias", rows=rows, cols=n_out, src=dz, out=dbias)
+    return ks
+
+
 def _vector_gemm(step, consts, buffers, batch, vec):
     """CPU form: k-vectors when both operands run along k, else n-vectors of B."""
     M, N = consts["M"], consts["N"]

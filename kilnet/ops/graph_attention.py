@@ -42,7 +42,7 @@ import numpy as np
 
 from ..graph import graph_of
 from .base import Op, Param, int_attr, kernel, need, register, round_up
-from .gemm import column_sum, gemm
+from .gemm import gemm, linear, linear_backward
 
 LOCAL = 64
 MAX_MASK_WORDS = 16384     # a user adjacency is a __constant bit mask: at most 64 KiB
@@ -87,8 +87,8 @@ class GraphAttention(Op):
 
     def infer(self, node):
         a = node.attrs
-        H = int_attr(node, "heads", a["heads"])
-        DK = int_attr(node, "key_dim", a["key_dim"])
+        int_attr(node, "heads", a["heads"])
+        int_attr(node, "key_dim", a["key_dim"])
         shape = node.inputs[0].shape
         need(len(shape) == 2, node, f"input {node.inputs[0].name!r} must be (units, width), "
              f"got shape {shape}")
@@ -148,16 +148,14 @@ class GraphAttention(Op):
         s, R = self._buffers(node, ctx), B * U
         ks = []
         for p in ("q", "k", "v"):
-            ks += gemm(ctx, f"forward_{p}", M=R, N=HD, K=W, a=ctx.x(0), w=ctx.p(f"{p}.weight"),
-                       out=s[p], a_idx=f"m*{W} + k", b_idx=f"n*{W} + k", c_idx=f"m*{HD} + n",
-                       a_kfast=True, b_nfast=False, bias=ctx.p(f"{p}.bias"))
+            ks += linear(ctx, f"forward_{p}", rows=R, n_in=W, n_out=HD, x=ctx.x(0),
+                         weight=ctx.p(f"{p}.weight"), out=s[p], bias=ctx.p(f"{p}.bias"))
         rows = B * H * U
         ks.append(kernel("forward_attention", "graph_attention", self._consts(node, ctx, "forward"),
                          {"Q": s["q"], "K": s["k"], "V": s["v"], "P": s["p"], "O": s["o"]},
                          (round_up(rows, LOCAL),), (LOCAL,)))
-        ks += gemm(ctx, "forward_out", M=R, N=W, K=2 * HD, a=s["o"], w=ctx.p("out.weight"),
-                   out=ctx.y, a_idx=f"m*{2 * HD} + k", b_idx=f"n*{2 * HD} + k",
-                   c_idx=f"m*{W} + n", a_kfast=True, b_nfast=False, bias=ctx.p("out.bias"))
+        ks += linear(ctx, "forward_out", rows=R, n_in=2 * HD, n_out=W, x=s["o"],
+                     weight=ctx.p("out.weight"), out=ctx.y, bias=ctx.p("out.bias"))
         return ks
 
     def backward(self, node, ctx):
@@ -167,13 +165,9 @@ class GraphAttention(Op):
         ds = ctx.scratch("ds", B * H * U * U)
         d = {p: ctx.scratch(f"d{p}", R * HD) for p in ("q", "k", "v")}
         # out: dO = dY·W_out, dW_out = dYᵀ·O, db_out = Σ dY
-        ks = gemm(ctx, "backward_o", M=R, N=2 * HD, K=W, a=ctx.dy, w=ctx.p("out.weight"), out=do,
-                  a_idx=f"m*{W} + k", b_idx=f"k*{2 * HD} + n", c_idx=f"m*{2 * HD} + n",
-                  a_kfast=True, b_nfast=True)
-        ks += gemm(ctx, "backward_out_weight", M=W, N=2 * HD, K=R, a=ctx.dy, w=s["o"],
-                   out=ctx.dp("out.weight"), a_idx=f"k*{W} + m", b_idx=f"k*{2 * HD} + n",
-                   c_idx=f"m*{2 * HD} + n", a_kfast=False, b_nfast=True)
-        ks += column_sum(ctx, "backward_out_bias", rows=R, cols=W, src=ctx.dy, out=ctx.dp("out.bias"))
+        ks = linear_backward(ctx, "_out", rows=R, n_in=2 * HD, n_out=W, dz=ctx.dy, x=s["o"],
+                             weight=ctx.p("out.weight"), dweight=ctx.dp("out.weight"),
+                             dbias=ctx.dp("out.bias"), dx=do)
         ks.append(kernel("backward_scores", "graph_attention",
                          self._consts(node, ctx, "backward_scores"),
                          {"V": s["v"], "P": s["p"], "dO": do, "dS": ds},
@@ -194,14 +188,9 @@ class GraphAttention(Op):
                          f"+ ((b)%{H})*{DK} + (n)",
                    c_idx=f"{cols} + (m)*{HD}", a_kfast=False, b_nfast=True)
         for i, p in enumerate(("q", "k", "v")):
-            if ctx.dx(0):      # dX (+)= dP·W_p
-                ks += gemm(ctx, f"backward_input_{p}", M=R, N=W, K=HD, a=d[p],
-                           w=ctx.p(f"{p}.weight"), out=ctx.dx(0), a_idx=f"m*{HD} + k",
-                           b_idx=f"k*{W} + n", c_idx=f"m*{W} + n", a_kfast=True, b_nfast=True,
-                           accumulate=ctx.acc(0) or i > 0)
-            ks += gemm(ctx, f"backward_{p}_weight", M=HD, N=W, K=R, a=d[p], w=ctx.x(0),
-                       out=ctx.dp(f"{p}.weight"), a_idx=f"k*{HD} + m", b_idx=f"k*{W} + n",
-                       c_idx=f"m*{W} + n", a_kfast=False, b_nfast=True)
-            ks += column_sum(ctx, f"backward_{p}_bias", rows=R, cols=HD, src=d[p],
-                             out=ctx.dp(f"{p}.bias"))
+            # dX (+)= dP·W_p: the k and v projections add to the q projection's part
+            ks += linear_backward(ctx, f"_{p}", rows=R, n_in=W, n_out=HD, dz=d[p], x=ctx.x(0),
+                                  weight=ctx.p(f"{p}.weight"), dweight=ctx.dp(f"{p}.weight"),
+                                  dbias=ctx.dp(f"{p}.bias"), dx=ctx.dx(0),
+                                  accumulate=ctx.acc(0) or i > 0)
         return ks

@@ -14,7 +14,7 @@ derivatives of the gate product (no clamping of gradients or weights).
 from ..compiler import symbolic
 from ..graph import graph_of
 from .base import Op, Param, int_attr, kernel, need, register, round_up
-from .gemm import column_sum, gemm
+from .gemm import linear, linear_backward
 
 LOCAL = 64
 
@@ -49,9 +49,8 @@ class GraphConv(Op):
         z = {b: ctx.scratch(f"z{b[0]}", R * F) for b in ("filter", "state")}
         ks = []
         for b in ("filter", "state"):
-            ks += gemm(ctx, f"forward_{b}", M=R, N=F, K=W, a=ctx.x(0), w=ctx.p(f"{b}.weight"),
-                       out=z[b], a_idx=f"m*{W} + k", b_idx=f"n*{W} + k", c_idx=f"m*{F} + n",
-                       a_kfast=True, b_nfast=False, bias=ctx.p(f"{b}.bias"))
+            ks += linear(ctx, f"forward_{b}", rows=R, n_in=W, n_out=F, x=ctx.x(0),
+                         weight=ctx.p(f"{b}.weight"), out=z[b], bias=ctx.p(f"{b}.bias"))
         ks.append(kernel("forward", "graph_conv",
                          dict(mode="forward", N=R * F, act=symbolic.forward_c("leaky_relu")),
                          {"zf": z["filter"], "zs": z["state"], "out": ctx.y},
@@ -69,14 +68,9 @@ class GraphConv(Op):
                      (round_up(R * F, LOCAL),), (LOCAL,))]
         dz = {"filter": ctx.dy, "state": dzs}          # dy now holds dzf
         for i, b in enumerate(("filter", "state")):
-            if ctx.dx(0):      # dX (+)= dZ_b·W_b
-                ks += gemm(ctx, f"backward_input_{b}", M=R, N=W, K=F, a=dz[b],
-                           w=ctx.p(f"{b}.weight"), out=ctx.dx(0), a_idx=f"m*{F} + k",
-                           b_idx=f"k*{W} + n", c_idx=f"m*{W} + n", a_kfast=True, b_nfast=True,
-                           accumulate=ctx.acc(0) or i > 0)
-            ks += gemm(ctx, f"backward_{b}_weight", M=F, N=W, K=R, a=dz[b], w=ctx.x(0),
-                       out=ctx.dp(f"{b}.weight"), a_idx=f"k*{F} + m", b_idx=f"k*{W} + n",
-                       c_idx=f"m*{W} + n", a_kfast=False, b_nfast=True)
-            ks += column_sum(ctx, f"backward_{b}_bias", rows=R, cols=F, src=dz[b],
-                             out=ctx.dp(f"{b}.bias"))
+            # dX (+)= dZ_b·W_b: the second branch adds to the first
+            ks += linear_backward(ctx, f"_{b}", rows=R, n_in=W, n_out=F, dz=dz[b], x=ctx.x(0),
+                                  weight=ctx.p(f"{b}.weight"), dweight=ctx.dp(f"{b}.weight"),
+                                  dbias=ctx.dp(f"{b}.bias"), dx=ctx.dx(0),
+                                  accumulate=ctx.acc(0) or i > 0)
         return ks

@@ -27,7 +27,7 @@ import numbers
 
 from ..graph import graph_of
 from .base import GraphError, Op, Param, int_attr, kernel, need, register, round_up
-from .gemm import column_sum, gemm
+from .gemm import linear, linear_backward
 
 LOCAL = 64
 
@@ -85,27 +85,20 @@ class TimeEncoding(Op):
         ks = [kernel("forward_features", "time_encoding", self._consts(node, "forward", N=n),
                      {"times": ctx.x(1), "out": ctx.y}, (round_up(n, LOCAL),), (LOCAL,))]
         # out += b + W·x[u] for every (sample, unit) row: a product with M = B·U rows.
-        ks += gemm(ctx, "forward", M=B * U, N=E, K=C, a=ctx.x(0), w=ctx.p("weight"), out=ctx.y,
-                   a_idx=f"m*{C} + k", b_idx=f"n*{C} + k", c_idx=f"m*{E} + n",
-                   a_kfast=True, b_nfast=False, bias=ctx.p("bias"), accumulate=True)
+        ks += linear(ctx, "forward", rows=B * U, n_in=C, n_out=E, x=ctx.x(0),
+                     weight=ctx.p("weight"), out=ctx.y, bias=ctx.p("bias"), accumulate=True)
         return ks
 
     def backward(self, node, ctx):
         (U, C), E, B = node.inputs[0].shape, self._E(node), ctx.batch
         R = B * U
         ks = []
-        if ctx.dx(0):   # dX = dY·W
-            ks += gemm(ctx, "backward_input", M=R, N=C, K=E, a=ctx.dy, w=ctx.p("weight"),
-                       out=ctx.dx(0), a_idx=f"m*{E} + k", b_idx=f"k*{C} + n",
-                       c_idx=f"m*{C} + n", a_kfast=True, b_nfast=True, accumulate=ctx.acc(0))
         if ctx.dx(1):   # dt[u] = Σ_e dY[u, e]·∂feature_e/∂t_u
             ks.append(kernel("backward_times", "time_encoding",
                              self._consts(node, "backward_times", N=R, accumulate=ctx.acc(1)),
                              {"times": ctx.x(1), "dout": ctx.dy, "dtimes": ctx.dx(1)},
                              (round_up(R, LOCAL),), (LOCAL,)))
-        # dW = dYᵀ·X over all rows
-        ks += gemm(ctx, "backward_weight", M=E, N=C, K=R, a=ctx.dy, w=ctx.x(0),
-                   out=ctx.dp("weight"), a_idx=f"k*{E} + m", b_idx=f"k*{C} + n",
-                   c_idx=f"m*{C} + n", a_kfast=False, b_nfast=True)
-        ks += column_sum(ctx, "backward_bias", rows=R, cols=E, src=ctx.dy, out=ctx.dp("bias"))
+        ks += linear_backward(ctx, rows=R, n_in=C, n_out=E, dz=ctx.dy, x=ctx.x(0),
+                              weight=ctx.p("weight"), dweight=ctx.dp("weight"),
+                              dbias=ctx.dp("bias"), dx=ctx.dx(0), accumulate=ctx.acc(0))
         return ks
