@@ -7,6 +7,7 @@ from .ops import (activation, add_norm, batchnorm, concat, conv1d, dense, graph_
 from .ops import BUILDERS
 from .ops.optimizers import SGD, Adam
 from .compiler import compile
+from .fit import History, NonFiniteLoss, fit
 from .runtime.device import devices
 from .runtime.checkpoint import load
 from .compiler.symbolic import ACTIVATIONS
@@ -14,4 +15,4 @@ from .compiler.symbolic import ACTIVATIONS
 __version__ = "0.1.0"
 __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "ACTIVATIONS",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError",
-           "CheckpointError"] + BUILDERS
+           "CheckpointError", "fit", "History", "NonFiniteLoss"] + BUILDERS

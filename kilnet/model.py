@@ -9,6 +9,9 @@ from .errors import CompileError, FeedError, GraphError
 from .runtime.executor import Executor
 
 
+INPUT_ROLES = ("input", "target", "activation", "param", "state")   # what first_non_finite reports
+
+
 class Model:
     def __init__(self, plan, device=None, seed=0, poison=False):
         self.plan, self.graph = plan, plan.graph
@@ -126,6 +129,55 @@ class Model:
                     clock[0] = now
                 self._exec.run(self.steps[call], after=lap)
         return [(name, float(np.median(t))) for name, t in times.items()]
+
+    def first_non_finite(self, feeds, targets):
+        """Re-run the training-mode forward and loss launches on one batch, one launch at a time,
+        and find the first node whose output holds a NaN or an infinity. Changes nothing but
+        activations. Returns None when every output is finite, else a dict: node, op, launch,
+        kernel (None, like launch and op, when a feed itself is non-finite), size and non_finite
+        (of that output), inputs ({buffer: {min, max, non_finite}} of the launch's other
+        buffers) and params (the names of non-finite parameters, which are often the cause)."""
+        self._require_loss("first_non_finite")
+        _, arrays = self._feeds(feeds)
+        tarrays = self._targets(targets)
+
+        def ranges(a):
+            finite = a[np.isfinite(a)]
+            return dict(min=float(finite.min()) if finite.size else math.nan,
+                        max=float(finite.max()) if finite.size else math.nan,
+                        non_finite=int(a.size - finite.size))
+        bad_params = [n for n, b in self.plan.params.items()
+                      if not np.isfinite(self._exec.read(b)).all()]
+        for name, arr in list(arrays.items()) + list(tarrays.items()):
+            if not np.isfinite(arr).all():
+                return dict(node=name, op=None, launch=None, kernel=None, size=int(arr.size),
+                            non_finite=int(arr.size - np.isfinite(arr).sum()), inputs={},
+                            params=bad_params)
+        seq = self.steps["evaluate"]
+        last = {launch.node: launch.name for launch in seq}
+        found = []
+        ops = {node.name: node.op for node in self.graph.nodes}
+
+        def check(launch):
+            if found or last[launch.node] != launch.name:
+                return
+            bufs = launch.buffers
+            outs = [b for b in bufs.values() if b == launch.node or
+                    self.plan.buffers[b].role == "loss"]
+            for out in outs:
+                a = self._exec.read(out)
+                if not np.isfinite(a).all():
+                    found.append(dict(
+                        node=launch.node, op=ops.get(launch.node, launch.phase),
+                        launch=launch.name, kernel=launch.kernel, size=int(a.size),
+                        non_finite=int(a.size - np.isfinite(a).sum()), params=bad_params,
+                        inputs={b: ranges(self._exec.read(b)) for b in bufs.values()
+                                if b not in outs and self.plan.buffers[b].role in INPUT_ROLES}))
+                    return
+        with self._exec.lock:
+            self._upload(arrays, tarrays)
+            self._exec.run(seq, after=check)
+        return found[0] if found else None
 
     def summary(self):
         from .inspect import summary

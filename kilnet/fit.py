@@ -1,0 +1,211 @@
+"""``kn.fit``: train a compiled model over batches for some epochs, with a progress bar, a
+history, and an early stop that names the first node whose output went non-finite.
+
+    history = kn.fit(model, batches, epochs=5)
+    history.losses          # one loss per step
+    history.epoch_losses    # the mean loss of each epoch
+    history.samples_per_s   # throughput of the whole run
+
+``batches`` yields ``(feeds, targets)`` pairs of dicts, each of exactly ``model.batch`` samples:
+a list (or any re-iterable) is walked once per epoch; a callable is called once per epoch —
+``batches()`` or ``batches(epoch)`` (0-based) — and must return an iterable (a generator
+function that reshuffles is the usual choice). A one-shot iterator serves one epoch only.
+
+On a non-finite loss, training stops *before* that step's update (the model keeps its last
+finite parameters) and :class:`NonFiniteLoss` is raised. Its message names the first node whose
+output went non-finite on the failing batch (found with :meth:`Model.first_non_finite`), the
+kernel that computed it, and the value ranges of that launch's inputs. The history so far is in
+the exception's ``.history``; with ``on_non_finite="return"`` fit returns the history instead,
+with the exception in ``history.stopped``.
+"""
+import inspect
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .compiler import names
+from .errors import CompileError, GraphError, KilnetError
+
+
+class NonFiniteLoss(KilnetError):
+    """Training produced a NaN or infinite loss. ``.node`` is the first node whose output went
+    non-finite (None when the re-run found none), ``.report`` the full diagnosis dict
+    (see :meth:`kilnet.Model.first_non_finite`), ``.step`` the 1-based step that failed and
+    ``.history`` the history up to (not including) that step."""
+
+    def __init__(self, message, step=None, loss=None, report=None, history=None):
+        super().__init__(message)
+        self.step, self.loss, self.report, self.history = step, loss, report, history
+        self.node = report["node"] if report else None
+
+
+@dataclass
+class History:
+    """What :func:`fit` did. ``losses``: one per step; ``epoch_losses``: the mean of each
+    (complete or interrupted) epoch; ``epoch_seconds`` and ``epoch_samples_per_s`` likewise;
+    ``steps``, ``samples``, ``seconds`` in all; ``stopped``: the NonFiniteLoss that ended the run
+    early with ``on_non_finite="return"``, else None."""
+    losses: list = field(default_factory=list)
+    epoch_losses: list = field(default_factory=list)
+    epoch_seconds: list = field(default_factory=list)
+    epoch_samples_per_s: list = field(default_factory=list)
+    steps: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+    stopped: object = None
+
+    @property
+    def samples_per_s(self):
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def epochs(self):
+        return len(self.epoch_losses)
+
+    def __repr__(self):
+        last = f"{self.epoch_losses[-1]:.4g}" if self.epoch_losses else "-"
+        return (f"<History {self.epochs} epochs, {self.steps} steps, last epoch loss {last}, "
+                f"{self.samples_per_s:.0f} samples/s{', stopped early' if self.stopped else ''}>")
+
+
+def _epoch_iterable(batches, epoch):
+    if callable(batches):
+        try:
+            takes = any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+                        for p in inspect.signature(batches).parameters.values())
+        except (TypeError, ValueError):
+            takes = False
+        return batches(epoch) if takes else batches()
+    return batches
+
+
+def _pair(item, step):
+    if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], dict)
+            and isinstance(item[1], dict)):
+        raise GraphError(f"fit: batch {step} must be a (feeds, targets) pair of dicts, got "
+                         f"{type(item).__name__}")
+    return item
+
+
+def _train_step(model, feeds, targets):
+    """``model.train_step`` split after the loss: returns (loss, applied). The backward pass,
+    state update and optimizer run only when the loss is finite."""
+    head = model.steps["evaluate"]
+    tail = model.steps["train_step"][len(head):]
+    if model.steps["train_step"][:len(head)] != head:      # not forward+loss first: no guard
+        loss = model.train_step(feeds, targets)
+        return loss, True
+    _, arrays = model._feeds(feeds)
+    tarrays = model._targets(targets)
+    with model._exec.lock:
+        model._upload(arrays, tarrays)
+        model._exec.write(names.SCALARS, np.array(model.optimizer.scalars(model.step + 1) + [0.0]))
+        model._exec.run(head)
+        loss = model._loss()
+        if not math.isfinite(loss):
+            return loss, False
+        model._exec.run(tail)
+        model.step += 1
+    return loss, True
+
+
+def _describe(report):
+    if report is None or report["node"] is None:
+        return "re-running the step's forward launches one at a time found no non-finite output"
+    where = "an input" if report["kernel"] is None else f"node {report['node']!r}"
+    lines = [f"the first non-finite output is {where}"
+             + (f" (launch {report['launch']}, kernel {report['kernel']}, op {report['op']})"
+                if report["kernel"] else "")
+             + f": {report['non_finite']} of {report['size']} values non-finite"]
+    for name, r in report["inputs"].items():
+        lines.append(f"  input {name}: min {r['min']:.4g}, max {r['max']:.4g}, "
+                     f"{r['non_finite']} non-finite")
+    if report["params"]:
+        lines.append("  non-finite parameters: " + ", ".join(report["params"]))
+    return "\n".join(lines)
+
+
+def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="raise",
+        desc=None):
+    """Train ``model`` (compiled with a loss and an optimizer) on ``batches`` for ``epochs``
+    epochs, or until ``steps`` steps in all when given; returns a :class:`History`.
+
+    ``progress``: show a tqdm bar per epoch (step, loss, samples/s) on stderr.
+    ``on_non_finite``: "raise" (default) raises :class:`NonFiniteLoss`; "return" stops and
+    returns the history with the exception in ``history.stopped``."""
+    if "train_step" not in model.steps:
+        raise CompileError(f"fit: model {model.graph.name!r} was compiled without an optimizer "
+                           f"and a loss; compile it with optimizer=kn.SGD(...) or kn.Adam(...)")
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+        raise GraphError(f"fit: epochs must be an int >= 1, got {epochs!r}")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise GraphError(f"fit: steps must be None or an int >= 1, got {steps!r}")
+    if on_non_finite not in ("raise", "return"):
+        raise GraphError(f"fit: on_non_finite must be 'raise' or 'return', got {on_non_finite!r}")
+    if progress:
+        from tqdm.auto import tqdm
+    history = History()
+    t_run = time.perf_counter()
+    for epoch in range(epochs):
+        if steps is not None and history.steps >= steps:
+            break
+        iterable = _epoch_iterable(batches, epoch)
+        try:
+            total = len(iterable)
+        except TypeError:
+            total = None
+        if steps is not None and total is not None:
+            total = min(total, steps - history.steps)
+        bar = tqdm(total=total, desc=desc or f"epoch {epoch + 1}/{epochs}", unit="step",
+                   leave=True, dynamic_ncols=True) if progress else None
+        epoch_losses, t0 = [], time.perf_counter()
+        try:
+            for item in iterable:
+                if steps is not None and history.steps >= steps:
+                    break
+                feeds, targets = _pair(item, history.steps + 1)
+                loss, applied = _train_step(model, feeds, targets)
+                if not applied or not math.isfinite(loss):
+                    report = model.first_non_finite(feeds, targets) if not applied else None
+                    err = NonFiniteLoss(
+                        f"fit: the loss went non-finite ({loss}) at step {history.steps + 1} "
+                        f"(epoch {epoch + 1}); "
+                        + ("the update was not applied; " if not applied else "")
+                        + _describe(report), step=history.steps + 1, loss=loss, report=report,
+                        history=history)
+                    _close_epoch(history, epoch_losses, t0, model.batch)
+                    history.seconds = time.perf_counter() - t_run
+                    if on_non_finite == "raise":
+                        raise err
+                    history.stopped = err
+                    return history
+                history.losses.append(loss)
+                epoch_losses.append(loss)
+                history.steps += 1
+                history.samples += model.batch
+                if bar is not None:
+                    dt = time.perf_counter() - t0
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4g}",
+                                    samples_s=f"{len(epoch_losses) * model.batch / dt:.0f}"
+                                    if dt > 0 else "-", refresh=False)
+        finally:
+            if bar is not None:
+                bar.close()
+        if not epoch_losses:
+            raise GraphError(f"fit: epoch {epoch + 1} had no batches (a one-shot iterator serves "
+                             f"one epoch only: pass a list or a callable returning an iterable)")
+        _close_epoch(history, epoch_losses, t0, model.batch)
+    history.seconds = time.perf_counter() - t_run
+    return history
+
+
+def _close_epoch(history, losses, t0, batch):
+    if not losses:
+        return
+    dt = time.perf_counter() - t0
+    history.epoch_losses.append(float(np.mean(losses)))
+    history.epoch_seconds.append(dt)
+    history.epoch_samples_per_s.append(len(losses) * batch / dt if dt > 0 else 0.0)
