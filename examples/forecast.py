@@ -1,0 +1,296 @@
+"""forecast: a Mamba4Cast-style forecaster that emits a whole horizon at once.
+
+    python examples/forecast.py                    # synthetic daily series, ~30 s on 2 CPU cores
+    python examples/forecast.py --csv sales.csv --date-column date --value-column sales
+    python examples/forecast.py --steps 3000 --history 128 --horizon 28 --plot forecast.png
+    kilnet inspect examples/forecast.py            # the kernels this model compiles to
+
+Model: a window of ``--history`` past values (scaled) and their timestamps (a second graph
+input) → ``kn.mamba4cast_embedding`` (tanh projection + batch norm, joined with sin/cos
+harmonics of the timestamps at the series' seasonal periods) → a ``kn.multi_window_conv``
+encoder over time → a dense head with ``--horizon`` outputs, the whole forecast in one pass
+(no autoregression). kilnet has no transpose op, so the encoder runs over the embedding
+flattened to one row of history·width values with step = width: each output position is one
+time step, and a window of k·width values spans about k time steps with all their channels.
+Targets are the next ``--horizon`` values minus the window's last value, divided by the training
+part's standard deviation (the forecast is rescaled back for the report).
+
+Timestamps are seconds since the first date of the series (not Unix time), so they stay exact
+enough in float32 (a century of seconds rounds to 256 s, far below a day).
+
+Data: ``--csv PATH`` with a header row, a date column (``--date-column``, default "date") and a
+numeric value column (``--value-column``, default "value"); other columns are ignored. Accepted
+date formats, one per file: ``YYYY-MM-DD`` (daily; periods week and year, season 7),
+``YYYY-MM`` (monthly; period year, season 12) and ``YYYY`` (yearly; period a decade, season 1).
+Rows must be in increasing date order. Anything else (a missing column, an unparsable date, a
+non-numeric value, dates out of order, fewer rows than history + 2·horizon + a few windows)
+is rejected with a one-line error. Without ``--csv``: a synthetic daily series of trend + weekly
+and yearly seasonality + noise.
+
+Shows: the training loss, and MAE and RMSE on a held-out tail of the series (windows whose
+targets lie in the last ``--test-fraction``) for the model, the naive forecast (the last value
+repeated) and the seasonal-naive forecast (the value one season earlier).
+"""
+import argparse
+import csv
+import datetime as dt
+import math
+import os
+import re
+import time
+
+import numpy as np
+
+import kilnet as kn
+
+DAY = 86400.0
+YEAR = 365.25 * DAY
+FORMATS = {  # name: (regex, periods in seconds, season length in steps)
+    "daily": (re.compile(r"^\d{4}-\d{2}-\d{2}$"), [7 * DAY, YEAR], 7),
+    "monthly": (re.compile(r"^\d{4}-\d{2}$"), [YEAR], 12),
+    "yearly": (re.compile(r"^\d{4}$"), [10 * YEAR], 1),
+}
+
+
+def _parse_date(text, kind):
+    parts = [int(p) for p in text.split("-")]
+    if kind == "daily":
+        return dt.date(*parts)
+    if kind == "monthly":
+        return dt.date(parts[0], parts[1], 1)
+    return dt.date(parts[0], 1, 1)
+
+
+def read_csv(path, date_column="date", value_column="value", min_rows=None):
+    """Read a series from ``path``: (seconds since the first date (float64), values (float64),
+    kind: "daily", "monthly" or "yearly"). Raises ValueError with a one-line message on a
+    malformed file."""
+    name = os.path.basename(path)
+    try:
+        with open(path, newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            rows = list(reader)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
+    if not header:
+        raise ValueError(f"{name}: empty file (expected a header with {date_column!r} and "
+                         f"{value_column!r})")
+    header = [h.strip() for h in header]
+    for col in (date_column, value_column):
+        if col not in header:
+            raise ValueError(f"{name}: no column {col!r} in the header (columns: "
+                             f"{', '.join(header)}); choose with --date-column/--value-column")
+    di, vi = header.index(date_column), header.index(value_column)
+    rows = [r for r in rows if any(c.strip() for c in r)]          # skip blank lines
+    if not rows:
+        raise ValueError(f"{name}: no data rows")
+    first = rows[0][di].strip() if len(rows[0]) > di else ""
+    kind = next((k for k, (rx, _, _) in FORMATS.items() if rx.match(first)), None)
+    if kind is None:
+        raise ValueError(f"{name}, line 2: unparsable date {first!r} in column {date_column!r} "
+                         "(accepted: YYYY-MM-DD, YYYY-MM or YYYY)")
+    dates, values = [], []
+    for line, r in enumerate(rows, start=2):
+        if len(r) <= max(di, vi):
+            raise ValueError(f"{name}, line {line}: {len(r)} fields, expected at least {max(di, vi) + 1}")
+        d, v = r[di].strip(), r[vi].strip()
+        try:
+            if not FORMATS[kind][0].match(d):
+                raise ValueError
+            date = _parse_date(d, kind)
+        except ValueError:
+            raise ValueError(f"{name}, line {line}: unparsable date {d!r} (the file's dates are "
+                             f"{kind}: expected {['YYYY-MM-DD', 'YYYY-MM', 'YYYY'][list(FORMATS).index(kind)]})") from None
+        try:
+            value = float(v)
+        except ValueError:
+            raise ValueError(f"{name}, line {line}: value {v!r} in column {value_column!r} is not a number") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{name}, line {line}: value {v!r} is not finite")
+        if dates and date <= dates[-1]:
+            raise ValueError(f"{name}, line {line}: date {d} is not after the previous row's "
+                             f"{dates[-1]} (rows must be in increasing date order)")
+        dates.append(date)
+        values.append(value)
+    if min_rows is not None and len(values) < min_rows:
+        raise ValueError(f"{name}: too few rows: {len(values)}, need at least {min_rows} "
+                         "(history + horizon and enough windows to train and test)")
+    seconds = np.array([(d - dates[0]).days * DAY for d in dates])
+    return seconds, np.array(values), kind
+
+
+def synthetic(n=1000, seed=0):
+    """A daily series: trend + weekly and yearly seasonality + noise (seconds, values, "daily")."""
+    rng = np.random.default_rng(seed)
+    day = np.arange(n, dtype=np.float64)
+    weekly = np.array([0.0, 0.4, 0.6, 0.5, 0.9, 2.2, 1.8])
+    values = (10.0 + 0.01 * day + 2.0 * weekly[day.astype(int) % 7]
+              + 1.5 * np.sin(2 * np.pi * day / 365.25) + rng.normal(0.0, 0.35, n))
+    return day * DAY, values, "daily"
+
+
+def build_graph(history=64, horizon=14, width=16, periods=(7 * DAY, YEAR), filters=8,
+                windows_steps=(1, 3, 7)):
+    g = kn.Graph("forecast")
+    x = g.input("history", (history, 1))
+    t = g.input("times", (history,))
+    e = kn.mamba4cast_embedding(x, t, width, list(periods))               # (history, width)
+    flat = kn.reshape(e, (1, history * width))
+    h = kn.multi_window_conv(flat, [k * width for k in windows_steps], filters, step=width,
+                             activation="softplus")                        # (1, history, 3·filters)
+    h = kn.dense(h, 64, activation="tanh")
+    g.output("forecast", kn.dense(h, horizon))
+    return g
+
+
+def build_model(batch=32, lr=3e-3, seed=0, history=64, horizon=14, width=16,
+                periods=(7 * DAY, YEAR)):
+    """The compiled training model (used by ``kilnet inspect examples/forecast.py``)."""
+    return kn.compile(build_graph(history, horizon, width, periods), batch=batch,
+                      optimizer=kn.Adam(lr=lr), loss={"forecast": "mse"}, seed=seed)
+
+
+def windows(values, seconds, origins, history, horizon, scale):
+    """For each origin o (the first target index): scaled history, times, targets, last value."""
+    idx = np.asarray(origins)[:, None] + np.arange(-history, 0)[None, :]
+    last = values[idx[:, -1]]
+    x = ((values[idx] - last[:, None]) / scale)[..., None].astype(np.float32)
+    t = seconds[idx].astype(np.float32)
+    tgt_idx = np.asarray(origins)[:, None] + np.arange(horizon)[None, :]
+    y = ((values[tgt_idx] - last[:, None]) / scale).astype(np.float32)
+    return x, t, y, last
+
+
+def errors(pred, actual):
+    d = pred - actual
+    return {"mae": float(np.abs(d).mean()), "rmse": float(np.sqrt((d ** 2).mean()))}
+
+
+def plot(path, losses, seconds, values, origin, forecast, kind):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'kilnet[plot]' (or matplotlib)")
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    a.plot(losses, lw=0.8)
+    a.set(title="training loss (mse, scaled)", xlabel="step", yscale="log")
+    step = {"daily": DAY, "monthly": YEAR / 12, "yearly": YEAR}[kind]
+    lo = max(0, origin - 3 * len(forecast))
+    xs = seconds / step
+    b.plot(xs[lo:], values[lo:], label="actual", color="k", lw=1)
+    b.plot(xs[origin:origin + len(forecast)], forecast, label="forecast", color="C1", lw=2)
+    b.axvline(xs[origin], color="grey", ls=":")
+    b.set(title="last held-out window", xlabel={"daily": "days", "monthly": "months", "yearly": "years"}[kind] + " since start")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def train(csv_path=None, date_column="date", value_column="value", steps=600, batch=32,
+          history=64, horizon=14, width=16, lr=3e-3, test_fraction=0.2, seed=0, log_every=100,
+          plot_path=None, quiet=False, series_length=1000):
+    """Train and evaluate; returns a dict with the per-step losses and the report."""
+    say = (lambda *a: None) if quiet else print
+    min_rows = history + horizon + 2 * batch + horizon
+    if csv_path:
+        seconds, values, kind = read_csv(csv_path, date_column, value_column, min_rows=min_rows)
+        source = os.path.basename(csv_path)
+    else:
+        seconds, values, kind = synthetic(series_length, seed)
+        source = f"synthetic daily series ({len(values)} days)"
+    _, periods, season = FORMATS[kind]
+    n = len(values)
+    if n < min_rows:
+        raise ValueError(f"series of {n} values too short: need at least {min_rows}")
+    # origins: index of the first forecast step; test origins' targets lie in the last tail
+    test_start = max(history + batch, int(round(n * (1 - test_fraction))))
+    train_origins = np.arange(history, test_start - horizon + 1)
+    test_origins = np.arange(max(test_start, history), n - horizon + 1)
+    if len(train_origins) < batch or len(test_origins) < 1:
+        raise ValueError(f"series of {n} values too short for history {history}, horizon "
+                         f"{horizon}, batch {batch} and test fraction {test_fraction}")
+    scale = float(np.std(values[:test_start])) or 1.0
+    x_tr, t_tr, y_tr, _ = windows(values, seconds, train_origins, history, horizon, scale)
+    x_te, t_te, y_te, last_te = windows(values, seconds, test_origins, history, horizon, scale)
+    say(f"data: {source}, {kind}, {n} values; {len(train_origins)} training windows, "
+        f"{len(test_origins)} held-out windows (history {history}, horizon {horizon})")
+
+    t0 = time.perf_counter()
+    model = build_model(batch=batch, lr=lr, seed=seed, history=history, horizon=horizon,
+                        width=width, periods=periods)
+    say(f"compiled in {time.perf_counter() - t0:.1f} s: {len(model.steps['train_step'])} launches "
+        "per training step")
+
+    rng = np.random.default_rng(seed)
+    losses = []
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        idx = rng.choice(len(train_origins), batch, replace=False)
+        loss = model.train_step({"history": x_tr[idx], "times": t_tr[idx]}, {"forecast": y_tr[idx]})
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"step {step}: the loss went non-finite ({loss})")
+        losses.append(loss)
+        if step % log_every == 0 or step == steps:
+            w = losses[-log_every:]
+            say(f"step {step:5d}  loss {sum(w) / len(w):.4f}")
+    elapsed = time.perf_counter() - t0
+
+    pred = np.concatenate([model.forward({"history": x_te[i:i + batch], "times": t_te[i:i + batch]})["forecast"]
+                           for i in range(0, len(x_te), batch)])
+    pred = pred * scale + last_te[:, None]
+    actual = y_te * scale + last_te[:, None]
+    naive = np.repeat(last_te[:, None], horizon, axis=1)
+    h = np.arange(horizon)
+    seasonal = values[test_origins[:, None] - season + (h[None, :] % season)]
+    report = {"model": errors(pred, actual), "naive": errors(naive, actual),
+              "seasonal_naive": errors(seasonal, actual)}
+    say(f"\ntrained {steps} steps of {batch} windows in {elapsed:.1f} s "
+        f"({steps * batch / elapsed:.0f} windows/s)")
+    say(f"held-out tail: last {n - test_start} values, {len(test_origins)} forecasts of {horizon} steps")
+    say(f"{'forecast':<22}{'MAE':>10}{'RMSE':>10}")
+    for key, label in (("model", "model"), ("naive", "naive (last value)"),
+                       ("seasonal_naive", f"seasonal naive ({season})")):
+        say(f"{label:<22}{report[key]['mae']:>10.4f}{report[key]['rmse']:>10.4f}")
+    if plot_path:
+        plot(plot_path, losses, seconds, values, int(test_origins[-1]), pred[-1], kind)
+        say(f"wrote {plot_path}")
+    return {"model": model, "losses": losses, "report": report, "kind": kind}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--csv", metavar="PATH", help="a CSV with a date and a value column (see above)")
+    ap.add_argument("--date-column", default="date", help="the date column's name (default date)")
+    ap.add_argument("--value-column", default="value", help="the value column's name (default value)")
+    ap.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
+    ap.add_argument("--batch", type=int, default=32, help="windows per step (default 32)")
+    ap.add_argument("--history", type=int, default=64, help="past values the model sees (default 64)")
+    ap.add_argument("--horizon", type=int, default=14, help="values forecast at once (default 14)")
+    ap.add_argument("--width", type=int, default=16, help="embedding width (default 16)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
+    ap.add_argument("--test-fraction", type=float, default=0.2,
+                    help="held-out tail of the series (default 0.2)")
+    ap.add_argument("--seed", type=int, default=0, help="data, initialisation, sampling (default 0)")
+    ap.add_argument("--log-every", type=int, default=100, help="print the mean loss every N steps")
+    ap.add_argument("--plot", metavar="PATH", help="write a PNG of the loss and a forecast vs actual")
+    args = ap.parse_args(argv)
+    if min(args.steps, args.log_every, args.history, args.horizon) < 1 or args.batch < 2:
+        ap.error("--steps, --log-every, --history, --horizon must be >= 1, --batch >= 2")
+    if not 0 < args.test_fraction < 1:
+        ap.error("--test-fraction must be between 0 and 1")
+    try:
+        return train(args.csv, args.date_column, args.value_column, steps=args.steps,
+                     batch=args.batch, history=args.history, horizon=args.horizon, width=args.width,
+                     lr=args.lr, test_fraction=args.test_fraction, seed=args.seed,
+                     log_every=args.log_every, plot_path=args.plot)
+    except ValueError as e:
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""examples/forecast.py: a tiny run learns and reports MAE/RMSE against both naive forecasts;
+the CSV reader accepts each date format and rejects malformed files with a one-line error."""
+import math
+import os
+
+import numpy as np
+import pytest
+
+from test_examples import EXAMPLES, load
+
+
+@pytest.fixture(scope="module")
+def fc():
+    return load(os.path.join(EXAMPLES, "forecast.py"), "example_forecast")
+
+
+def has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def test_tiny_run_learns_and_reports(fc, capsys, tmp_path):
+    png = tmp_path / "f.png"
+    argv = ["--steps", "40", "--batch", "8", "--history", "16", "--horizon", "7", "--width", "8",
+            "--log-every", "20", "--lr", "1e-2"] + (["--plot", str(png)] if has_matplotlib() else [])
+    result = fc.main(argv)
+    out = capsys.readouterr().out
+    losses = result["losses"]
+    assert len(losses) == 40 and all(math.isfinite(v) for v in losses)
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:5]), (losses[:5], losses[-10:])
+    rep = result["report"]
+    assert set(rep) == {"model", "naive", "seasonal_naive"}
+    for r in rep.values():
+        assert set(r) == {"mae", "rmse"} and 0 < r["mae"] <= r["rmse"] and math.isfinite(r["rmse"])
+    assert "MAE" in out and "RMSE" in out and "seasonal naive (7)" in out and "naive (last value)" in out
+    assert f"{rep['model']['mae']:.4f}" in out
+    if has_matplotlib():
+        assert png.read_bytes()[:4] == b"\x89PNG" and f"wrote {png}" in out
+
+
+def test_plot_writes_a_png_or_says_matplotlib_is_missing(fc, tmp_path):
+    s, v, _ = fc.synthetic(60)
+    args = (str(tmp_path / "p.png"), [1.0, 0.5, 0.25], s, v, 40, v[40:47] + 0.1, "daily")
+    if has_matplotlib():
+        fc.plot(*args)
+        assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    else:
+        with pytest.raises(SystemExit, match="--plot needs matplotlib"):
+            fc.plot(*args)
+
+
+def write(path, text):
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("dates,kind,gap", [
+    (["2020-01-30", "2020-01-31", "2020-02-01"], "daily", [86400.0, 86400.0]),
+    (["2019-12", "2020-01", "2020-02"], "monthly", [31 * 86400.0, 31 * 86400.0]),
+    (["1999", "2000", "2001"], "yearly", [365 * 86400.0, 366 * 86400.0]),
+])
+def test_csv_reader_accepts_each_date_format(fc, tmp_path, dates, kind, gap):
+    body = "value,date,other\n" + "".join(f"{i + 0.5},{d},x\n" for i, d in enumerate(dates))
+    seconds, values, got = fc.read_csv(write(tmp_path / "s.csv", body))
+    assert got == kind
+    assert values.tolist() == [0.5, 1.5, 2.5]
+    assert seconds[0] == 0 and np.diff(seconds).tolist() == gap
+
+
+def test_csv_runs_end_to_end_and_column_flags(fc, tmp_path, capsys):
+    s, v, _ = fc.synthetic(120, seed=1)
+    days = [str(np.datetime64("2021-03-01") + int(x // 86400)) for x in s]
+    path = write(tmp_path / "d.csv", "day,y\n" + "".join(f"{d},{x:.3f}\n" for d, x in zip(days, v)))
+    result = fc.main(["--csv", path, "--date-column", "day", "--value-column", "y", "--steps", "3",
+                      "--batch", "4", "--history", "8", "--horizon", "3", "--width", "8"])
+    assert result["kind"] == "daily" and "d.csv, daily, 120 values" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("body,message", [
+    ("date,price\n2020-01-01,1\n", "no column 'value' in the header (columns: date, price)"),
+    ("date,value\n2020-01-01,1\n2020-13-02,2\n", "line 3: unparsable date '2020-13-02'"),
+    ("date,value\n01/02/2020,1\n", "unparsable date '01/02/2020' in column 'date' (accepted: YYYY-MM-DD, YYYY-MM or YYYY)"),
+    ("date,value\n2020-01,1\n2020-02-01,2\n", "line 3: unparsable date '2020-02-01'"),
+    ("date,value\n2020-01-01,1\n2020-01-02,abc\n", "line 3: value 'abc' in column 'value' is not a number"),
+    ("date,value\n2020-01-02,1\n2020-01-01,2\n", "line 3: date 2020-01-01 is not after"),
+    ("date,value\n2020-01-01\n", "line 2: 1 fields"),
+    ("", "empty file"),
+    ("date,value\n", "no data rows"),
+])
+def test_csv_reader_rejects_malformed_files(fc, tmp_path, body, message):
+    with pytest.raises(ValueError) as e:
+        fc.read_csv(write(tmp_path / "bad.csv", body))
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert "bad.csv" in str(e.value)
+
+
+def test_too_few_rows_is_a_clear_command_line_error(fc, tmp_path, capsys):
+    path = write(tmp_path / "short.csv", "date,value\n" + "".join(f"{1990 + i},{i}\n" for i in range(30)))
+    with pytest.raises(SystemExit) as e:
+        fc.main(["--csv", path])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "short.csv: too few rows: 30, need at least" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        fc.main(["--csv", str(tmp_path / "missing.csv")])
+    assert "cannot read" in capsys.readouterr().err
