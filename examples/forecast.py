@@ -162,6 +162,22 @@ def windows(values, seconds, origins, history, horizon, scale):
     return x, t, y, last
 
 
+class Batches:
+    """``steps`` random batches of training windows for kn.fit (a length, so the bar has a total)."""
+
+    def __init__(self, x, t, y, steps, batch, seed):
+        self.x, self.t, self.y, self.steps, self.batch = x, t, y, steps, batch
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self):
+        return self.steps
+
+    def __iter__(self):
+        for _ in range(self.steps):
+            idx = self.rng.choice(len(self.x), self.batch, replace=False)
+            yield {"history": self.x[idx], "times": self.t[idx]}, {"forecast": self.y[idx]}
+
+
 def errors(pred, actual):
     d = pred - actual
     return {"mae": float(np.abs(d).mean()), "rmse": float(np.sqrt((d ** 2).mean()))}
@@ -192,7 +208,7 @@ def plot(path, losses, seconds, values, origin, forecast, kind):
 
 def train(csv_path=None, date_column="date", value_column="value", steps=600, batch=32,
           history=64, horizon=14, width=16, lr=3e-3, test_fraction=0.2, seed=0, log_every=100,
-          plot_path=None, quiet=False, series_length=1000):
+          plot_path=None, progress=True, quiet=False, series_length=1000):
     """Train and evaluate; returns a dict with the per-step losses and the report."""
     say = (lambda *a: None) if quiet else print
     min_rows = history + horizon + 2 * batch + horizon
@@ -225,19 +241,12 @@ def train(csv_path=None, date_column="date", value_column="value", steps=600, ba
     say(f"compiled in {time.perf_counter() - t0:.1f} s: {len(model.steps['train_step'])} launches "
         "per training step")
 
-    rng = np.random.default_rng(seed)
-    losses = []
-    t0 = time.perf_counter()
-    for step in range(1, steps + 1):
-        idx = rng.choice(len(train_origins), batch, replace=False)
-        loss = model.train_step({"history": x_tr[idx], "times": t_tr[idx]}, {"forecast": y_tr[idx]})
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"step {step}: the loss went non-finite ({loss})")
-        losses.append(loss)
-        if step % log_every == 0 or step == steps:
-            w = losses[-log_every:]
-            say(f"step {step:5d}  loss {sum(w) / len(w):.4f}")
-    elapsed = time.perf_counter() - t0
+    hist = kn.fit(model, Batches(x_tr, t_tr, y_tr, steps, batch, seed), epochs=1,
+                  progress=progress, desc="forecast")
+    losses, elapsed = hist.losses, hist.seconds
+    for end in range(log_every, steps + log_every, log_every):
+        w = losses[end - log_every:min(end, steps)]
+        say(f"step {min(end, steps):5d}  loss {sum(w) / len(w):.4f}")
 
     pred = np.concatenate([model.forward({"history": x_te[i:i + batch], "times": t_te[i:i + batch]})["forecast"]
                            for i in range(0, len(x_te), batch)])
@@ -276,8 +285,9 @@ def main(argv=None):
     ap.add_argument("--test-fraction", type=float, default=0.2,
                     help="held-out tail of the series (default 0.2)")
     ap.add_argument("--seed", type=int, default=0, help="data, initialisation, sampling (default 0)")
-    ap.add_argument("--log-every", type=int, default=100, help="print the mean loss every N steps")
+    ap.add_argument("--log-every", type=int, default=100, help="print the mean loss of every N steps after training (default 100)")
     ap.add_argument("--plot", metavar="PATH", help="write a PNG of the loss and a forecast vs actual")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     if min(args.steps, args.log_every, args.history, args.horizon) < 1 or args.batch < 2:
         ap.error("--steps, --log-every, --history, --horizon must be >= 1, --batch >= 2")
@@ -287,7 +297,8 @@ def main(argv=None):
         return train(args.csv, args.date_column, args.value_column, steps=args.steps,
                      batch=args.batch, history=args.history, horizon=args.horizon, width=args.width,
                      lr=args.lr, test_fraction=args.test_fraction, seed=args.seed,
-                     log_every=args.log_every, plot_path=args.plot)
+                     log_every=args.log_every, plot_path=args.plot,
+                     progress=not args.no_progress)
     except ValueError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
 

@@ -37,6 +37,7 @@ def test_tiny_run_learns_and_reports(fc, capsys, tmp_path):
         assert set(r) == {"mae", "rmse"} and 0 < r["mae"] <= r["rmse"] and math.isfinite(r["rmse"])
     assert "MAE" in out and "RMSE" in out and "seasonal naive (7)" in out and "naive (last value)" in out
     assert f"{rep['model']['mae']:.4f}" in out
+    assert [ln.split()[1] for ln in out.splitlines() if ln.startswith("step ")] == ["20", "40"]
     if has_matplotlib():
         assert png.read_bytes()[:4] == b"\x89PNG" and f"wrote {png}" in out
 
