@@ -132,7 +132,8 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
     """Train ``model`` (compiled with a loss and an optimizer) on ``batches`` for ``epochs``
     epochs, or until ``steps`` steps in all when given; returns a :class:`History`.
 
-    ``progress``: show a tqdm bar per epoch (step, loss, samples/s) on stderr.
+    ``progress``: show a tqdm bar per epoch (step, loss, samples/s) on stderr, labelled
+    "``desc`` epoch/epochs" (``desc`` defaults to "epoch").
     ``on_non_finite``: "raise" (default) raises :class:`NonFiniteLoss`; "return" stops and
     returns the history with the exception in ``history.stopped``."""
     if "train_step" not in model.steps:
@@ -158,7 +159,7 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
             total = None
         if steps is not None and total is not None:
             total = min(total, steps - history.steps)
-        bar = tqdm(total=total, desc=desc or f"epoch {epoch + 1}/{epochs}", unit="step",
+        bar = tqdm(total=total, desc=f"{desc or 'epoch'} {epoch + 1}/{epochs}", unit="step",
                    leave=True, dynamic_ncols=True) if progress else None
         epoch_losses, t0 = [], time.perf_counter()
         try:
