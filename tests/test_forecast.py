@@ -76,7 +76,7 @@ def test_csv_runs_end_to_end_and_column_flags(fc, tmp_path, capsys):
     days = [str(np.datetime64("2021-03-01") + int(x // 86400)) for x in s]
     path = write(tmp_path / "d.csv", "day,y\n" + "".join(f"{d},{x:.3f}\n" for d, x in zip(days, v)))
     result = fc.main(["--csv", path, "--date-column", "day", "--value-column", "y", "--steps", "3",
-                      "--batch", "4", "--history", "8", "--horizon", "3", "--width", "8"])
+                      "--batch", "8", "--history", "16", "--horizon", "7", "--width", "8"])
     assert result["kind"] == "daily" and "d.csv, daily, 120 values" in capsys.readouterr().out
 
 
