@@ -51,8 +51,10 @@ buy-and-hold over the same bars. --plot PATH writes a PNG of the loss curve and 
 curves (needs matplotlib: pip install "kilnet[plot]").
 
 Cost. A train step of the full model (width 1000) at batch 64 takes roughly 100-150 ms on PoCL
-with 2 cores, plus a target forward per step once it is active; the default 250 steps at batch 64
-therefore take under a minute, plus compiling. Pass --steps (thousands) for a real run.
+with 2 cores, plus a target forward per step once it is active; the default 200 steps at batch 64
+therefore take well under a minute on 2 idle cores, plus compiling (on a 2-core machine shared
+with other work it measured up to ~0.6 s/step, about 2 minutes). The target network first
+switches on around step 170 with the defaults. Pass --steps (thousands) for a real run.
 """
 import argparse
 import csv
@@ -395,7 +397,7 @@ def build_graph(width=1000, filters=32):
     return g
 
 
-def build_model(batch=64, lr=3e-4, seed=0, width=1000, filters=32, device=None):
+def build_model(batch=64, lr=1e-3, seed=0, width=1000, filters=32, device=None):
     """The compiled training model (used by ``kilnet inspect examples/distq_learning.py``)."""
     return kn.compile(build_graph(width, filters), batch=batch, optimizer=kn.Adam(lr=lr),
                       loss={"probs": "cross_entropy"}, seed=seed, device=device)
@@ -453,7 +455,7 @@ def plot(path, losses, pnl, hold_curve, times):
     plt.close(fig)
 
 
-def train(bars=None, steps=250, batch=64, lr=3e-4, gamma=0.5, step_size=None, target_below=5.0,
+def train(bars=None, steps=200, batch=64, lr=1e-3, gamma=0.5, step_size=None, target_below=5.0,
           sync_every=50, width=1000, filters=32, seed=0, log_every=50, plot_path=None,
           device=None, quiet=False, source=None):
     """Train on ``bars`` (default: synthetic) and backtest on the held-out tail; returns a dict
@@ -530,9 +532,9 @@ def main(argv=None):
                                  epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--csv", metavar="PATH", help="OHLCV bars to use instead of synthetic ones")
-    ap.add_argument("--steps", type=int, default=250, help="training steps (default 250, about a minute)")
+    ap.add_argument("--steps", type=int, default=200, help="training steps (default 200, under a minute uncontended)")
     ap.add_argument("--batch", type=int, default=64, help="samples per step (default 64)")
-    ap.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate (default 3e-4)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     ap.add_argument("--gamma", type=float, default=0.5, help="bootstrap discount (default 0.5)")
     ap.add_argument("--step-size", type=float, default=None,
                     help="reward bucket width in price units (default: std of the training "

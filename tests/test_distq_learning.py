@@ -237,3 +237,15 @@ def test_csv_malformed(dq, tmp_path, kind, message):
     with pytest.raises(SystemExit) as e:                       # the command line: one line, no traceback
         dq.main(["--csv", path])
     assert message.split("(")[0] in str(e.value.code) and "\n" not in str(e.value.code)
+
+
+def test_help_and_bad_flags(dq, capsys):
+    with pytest.raises(SystemExit) as e:
+        dq.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--csv PATH" in out and "Accepted timestamps" in out and "--plot PATH" in out
+    for argv in (["--steps", "0"], ["--bars", "100"], ["--step-size", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            dq.main(argv)
+        assert e.value.code == 2
