@@ -98,6 +98,12 @@ def forward_c(kind, var="x"):
     return _print(ACTIVATIONS[check(kind)], var)
 
 
+def vectorised(expr):
+    """A printed expression for V-wide vectors of type ``vec``: every literal is cast to ``vec``,
+    so that a ternary between constants becomes a componentwise select."""
+    return expr.replace("(real)", "(vec)")
+
+
 @lru_cache(maxsize=None)
 def derivative_c(kind, var="x"):
     """C expression of act'(var), from sympy.diff."""

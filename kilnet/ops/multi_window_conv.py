@@ -37,7 +37,6 @@ from .base import GraphError, Op, Param, int_attr, kernel, need, pow2_at_least, 
 LOCAL = 64            # forward / input-gradient work-group size
 KT = 8                # taps per parameter-gradient unit (longer windows are cut into chunks)
 CPU_LANES = 16        # work-items per CPU work-group (forward, input gradient)
-CPU_SCALE = 16        # vectors per CPU work-item when scaling by act'
 CPU_CHUNK = 4         # positions (forward) or steps (input gradient) per CPU work-item
 
 
@@ -126,7 +125,7 @@ class MultiWindowConv(Op):
         z = self._z(node, ctx) if ctx.training else None
         c.update(act=symbolic.forward_c(act, "pre"), store_z=z is not None)
         if c["form"] == "cpu":
-            c["vact"] = _vector_expr(c["act"])
+            c["vact"] = symbolic.vectorised(c["act"])
         bufs = {"x": ctx.x(0), "out": ctx.y}
         if z:
             bufs["z"] = z
@@ -149,16 +148,7 @@ class MultiWindowConv(Op):
 
     def backward(self, node, ctx):
         act = node.attrs["activation"]
-        if ctx.target.kind == "gpu" or act == "none":
-            ks = scale_by_derivative(ctx, act, self._z(node, ctx), ctx.batch * node.size)
-        else:                # dy becomes dz, with vector math (PoCL's scalar exp is slow)
-            c = self._consts(node, ctx, "scale")
-            dact = symbolic.derivative_c(act, "pre")
-            c.update(N=ctx.batch * node.size, SC=CPU_SCALE, dact=dact, vdact=_vector_expr(dact))
-            items = -(-c["N"] // (c["SC"] * c["V"]))
-            lx = min(CPU_LANES, pow2_at_least(items, CPU_LANES))
-            ks = [kernel("backward_activation", "multi_window_conv", c,
-                         {"z": self._z(node, ctx), "dz": ctx.dy}, (round_up(items, lx),), (lx,))]
+        ks = scale_by_derivative(ctx, act, self._z(node, ctx), ctx.batch * node.size)  # dy -> dz
         if ctx.dx(0):
             c = self._consts(node, ctx, "backward_input")
             c.update(accumulate=ctx.acc(0))
@@ -210,12 +200,6 @@ class MultiWindowConv(Op):
         ks.append(kernel("backward_params_reduce", "multi_window_conv", rc,
                          dict(partial=partial, **grads), (round_up(PN, LOCAL),), (LOCAL,)))
         return ks
-
-
-def _vector_expr(expr):
-    """An activation expression in ``pre`` for V-wide vectors: every literal cast to ``vec`` (so a
-    select between two constants is a vector select); None where it calls a scalar-only helper."""
-    return None if "kn_" in expr else expr.replace("(real)", "(vec)")
 
 
 def _slices(target, groups, rows, min_rows):
