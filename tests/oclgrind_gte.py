@@ -1,12 +1,12 @@
 """Runs every kernel of graph_attention, graph_conv and the gte_block composite on tiny odd sizes;
 tests/test_oclgrind.py runs this under Oclgrind (per-buffer allocations, NaN poison), for both
 kernel forms: the chain adjacency, a user adjacency (the constant bit mask) and an empty one."""
-import os
 import sys
 
 import numpy as np
 
 import kilnet as kn
+from kernel_check import exercise, main
 
 U, W, B = 5, 3, 2
 
@@ -23,35 +23,14 @@ def build():
     return g
 
 
-KERNELS = set()
-
-
 def run():
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((B, U, W))}
     targets = {k: rng.standard_normal((B,) + v.shape) for k, v in build().outputs.items()}
-    m = kn.compile(build(), batch=B, optimizer=kn.Adam(lr=1e-2), loss="mse", input_grads=True,
-                   debug_buffers=True, poison=True)
-    losses = [m.train_step(feeds, targets) for _ in range(2)]
-    grads = m.gradients(feeds, targets)
-    out = m.forward(feeds)
-    assert np.isfinite(losses).all()
-    assert all(np.isfinite(v).all() for v in grads.values()), "non-finite gradient"
-    assert all(np.isfinite(v).all() for v in out.values()), "non-finite output"
-    inf = kn.compile(build(), batch=1, debug_buffers=True, poison=True)
-    out = inf.forward({"x": feeds["x"][:1]})
-    assert all(np.isfinite(v).all() for v in out.values())
-    KERNELS.update(k.kernel + m.plan.sources[k.kernel] for k in m.kernels)
-    KERNELS.update(k.kernel + inf.plan.sources[k.kernel] for k in inf.kernels)
-
-
-def main():
-    for kind in ("cpu", "gpu"):
-        os.environ["KILNET_TARGET"] = kind
-        run()
-    print("kernels run:", len(KERNELS))
-    return 0
+    exercise(kn.compile(build(), batch=B, optimizer=kn.Adam(lr=1e-2), loss="mse",
+                        input_grads=True, debug_buffers=True, poison=True), feeds, targets)
+    exercise(kn.compile(build(), batch=1, debug_buffers=True, poison=True), {"x": feeds["x"][:1]})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(run))

@@ -3,12 +3,12 @@
 Each buffer gets its own allocation (debug_buffers) so a write past a buffer's end is an invalid
 access, and buffers that a step must rewrite start as NaN (poison) so a missed write shows up.
 """
-import os
 import sys
 
 import numpy as np
 
 import kilnet as kn
+from kernel_check import exercise, main
 
 
 def build():
@@ -28,17 +28,6 @@ def build():
     return g
 
 
-def main():
-    for kind in ("cpu", "gpu"):      # both kernel forms: vector (CPU) and local-memory tiles (GPU)
-        os.environ["KILNET_TARGET"] = kind
-        run()
-    print("kernels run:", len(KERNELS))
-    return 0
-
-
-KERNELS = set()
-
-
 def run():
     rng = np.random.default_rng(0)
     B = 3
@@ -48,28 +37,17 @@ def run():
                "r": rng.standard_normal((B, 2))}
     loss = {"p": "cross_entropy", "s": "mse", "r": "huber"}
     for opt in (kn.Adam(lr=1e-2), kn.SGD(lr=1e-2, momentum=0.9)):
-        m = kn.compile(build(), batch=B, optimizer=opt, loss=loss, input_grads=True,
-                       debug_buffers=True, poison=True)
-        losses = [m.train_step(feeds, targets) for _ in range(2)]
-        grads = m.gradients(feeds, targets)
-        out = m.forward(feeds)
-        assert all(np.isfinite(v).all() for v in grads.values()), "non-finite gradient"
-        assert all(np.isfinite(v).all() for v in out.values()), "non-finite output"
-        assert np.isfinite(losses).all()
+        exercise(kn.compile(build(), batch=B, optimizer=opt, loss=loss, input_grads=True,
+                            debug_buffers=True, poison=True), feeds, targets)
     # A long batch and few outputs: the GPU form splits the weight gradient's k over work-groups.
     g = kn.Graph("split_k")
     g.output("y", kn.dense(kn.dense(g.input("x", (5,)), 66, activation="relu"), 3))   # 64×64 tiles
     wide = kn.compile(g, batch=300, optimizer=kn.SGD(lr=0.1), loss="mse", debug_buffers=True,
                       poison=True)
-    wide.train_step({"x": rng.standard_normal((300, 5))}, {"y": rng.standard_normal((300, 3))})
-    assert np.isfinite(wide.params["dense_1.weight"]).all()
-    KERNELS.update(k.kernel + wide.plan.sources[k.kernel] for k in wide.kernels)
+    exercise(wide, {"x": rng.standard_normal((300, 5))}, {"y": rng.standard_normal((300, 3))}, 1)
     inf = kn.compile(build(), batch=1, debug_buffers=True, poison=True)   # gemv on the GPU form
-    out = inf.forward({"x": feeds["x"][:1]})
-    assert all(np.isfinite(v).all() for v in out.values())
-    KERNELS.update(k.kernel + m.plan.sources[k.kernel] for k in m.kernels)
-    KERNELS.update(k.kernel + inf.plan.sources[k.kernel] for k in inf.kernels)
+    exercise(inf, {"x": feeds["x"][:1]})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(run))

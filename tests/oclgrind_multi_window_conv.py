@@ -4,16 +4,14 @@ buffer in its own allocation (a write past a buffer's end is an invalid access) 
 with NaN first (a missed write shows up as a non-finite result).
 """
 import importlib
-import os
 import sys
 
 import numpy as np
 
 import kilnet as kn
+from kernel_check import exercise, main
 
 mwc = importlib.import_module("kilnet.ops.multi_window_conv")   # the module, not the function
-
-KERNELS = set()
 
 # (windows, filters, step, steps T, variables V, batch, activation, row slices forced or None)
 CASES = [
@@ -40,32 +38,16 @@ def run(case):
         rng = np.random.default_rng(0)
         feeds = {"x": rng.standard_normal((B, V, T))}
         targets = {"y": rng.standard_normal((B,) + y.shape), "r": rng.standard_normal((B, 2))}
+        mine = lambda launch: launch.name.startswith("multi_window_conv")  # noqa: E731
         m = kn.compile(g, batch=B, optimizer=kn.Adam(lr=1e-2), loss="mse", input_grads=True,
                        debug_buffers=True, poison=True)
-        losses = [m.train_step(feeds, targets) for _ in range(2)]
-        grads = m.gradients(feeds, targets)
-        assert np.isfinite(losses).all()
-        assert all(np.isfinite(v).all() for v in grads.values()), "non-finite gradient"
+        exercise(m, feeds, targets, count=mine)
         if slices:
             assert any(k.name.endswith("backward_params_reduce") for k in m.kernels)
-        inf = kn.compile(g, batch=B, debug_buffers=True, poison=True)
-        out = inf.forward(feeds)
-        assert all(np.isfinite(v).all() for v in out.values()), "non-finite output"
+        exercise(kn.compile(g, batch=B, debug_buffers=True, poison=True), feeds, count=mine)
     finally:
         mwc._slices = real
-    for model in (m, inf):
-        KERNELS.update(k.kernel + model.plan.sources[k.kernel] for k in model.kernels
-                       if k.name.startswith("multi_window_conv"))
-
-
-def main():
-    for kind in ("cpu", "gpu"):
-        os.environ["KILNET_TARGET"] = kind
-        for case in CASES:
-            run(case)
-    print("kernels run:", len(KERNELS))
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(lambda: [run(case) for case in CASES]))

@@ -6,15 +6,12 @@ Covered: time features forward and the times gradient (overwrite and accumulate)
 batch norm train/infer/backward (with and without the input gradient, overwrite and accumulate)
 and update_state, plus the products and column sums they use, in both kernel forms.
 """
-import os
 import sys
 
 import numpy as np
 
 import kilnet as kn
-
-KERNELS = set()
-
+from kernel_check import exercise, main
 
 def build():
     g = kn.Graph("oclgrind_time_bn")
@@ -41,33 +38,15 @@ def run():
     feeds = {"x": rng.standard_normal((B, 5, 3)), "t": rng.random((B, 5)) * 50}
     targets = {"y": rng.standard_normal((B, 3)), "z": rng.standard_normal((B, 5, 6))}
     for input_grads in (True, False):
-        m = kn.compile(build(), batch=B, optimizer=kn.Adam(lr=1e-2), loss="mse",
-                       input_grads=input_grads, debug_buffers=True, poison=True)
-        losses = [m.train_step(feeds, targets) for _ in range(2)]
-        grads = m.gradients(feeds, targets)
-        out = m.forward(feeds)
-        assert all(np.isfinite(v).all() for v in grads.values()), "non-finite gradient"
-        assert all(np.isfinite(v).all() for v in out.values()), "non-finite output"
-        assert np.isfinite(losses).all()
-        KERNELS.update(k.kernel + m.plan.sources[k.kernel] for k in m.kernels)
+        exercise(kn.compile(build(), batch=B, optimizer=kn.Adam(lr=1e-2), loss="mse",
+                            input_grads=input_grads, debug_buffers=True, poison=True),
+                 feeds, targets)
     f = kn.compile(first_layer(), batch=1, optimizer=kn.SGD(lr=0.1), loss="mse",
                    debug_buffers=True, poison=True)
-    f.train_step({"x": rng.standard_normal((1, 4))}, {"y": rng.standard_normal((1, 4))})
-    assert np.isfinite(f.forward({"x": rng.standard_normal((1, 4))})["y"]).all()
-    KERNELS.update(k.kernel + f.plan.sources[k.kernel] for k in f.kernels)
+    exercise(f, {"x": rng.standard_normal((1, 4))}, {"y": rng.standard_normal((1, 4))}, 1)
     inf = kn.compile(build(), batch=1, debug_buffers=True, poison=True)
-    out = inf.forward({"x": feeds["x"][:1], "t": feeds["t"][:1]})
-    assert all(np.isfinite(v).all() for v in out.values())
-    KERNELS.update(k.kernel + inf.plan.sources[k.kernel] for k in inf.kernels)
-
-
-def main():
-    for kind in ("cpu", "gpu"):
-        os.environ["KILNET_TARGET"] = kind
-        run()
-    print("kernels run:", len(KERNELS))
-    return 0
+    exercise(inf, {"x": feeds["x"][:1], "t": feeds["t"][:1]})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(run))

@@ -1,0 +1,36 @@
+"""Shared by the tests/oclgrind_*.py scripts, which tests/test_oclgrind.py runs under Oclgrind.
+
+Models there are compiled with debug_buffers=True (each buffer its own allocation: a write past
+its end is an invalid access) and poison=True (rewritten buffers start as NaN: a missed write
+shows up as a non-finite result).
+"""
+import os
+
+import numpy as np
+
+KERNELS = set()
+
+
+def exercise(model, feeds, targets=None, steps=2, count=lambda launch: True):
+    """Every call the model serves, once or ``steps`` times, each result checked finite; the
+    distinct kernels it ran (those ``count`` accepts) are added to KERNELS."""
+    if targets is not None and model.optimizer is not None:
+        losses = [model.train_step(feeds, targets) for _ in range(steps)]
+        assert np.isfinite(losses).all(), "non-finite loss"
+    if targets is not None:
+        grads = model.gradients(feeds, targets)
+        assert all(np.isfinite(v).all() for v in grads.values()), "non-finite gradient"
+    out = model.forward(feeds)
+    assert all(np.isfinite(v).all() for v in out.values()), "non-finite output"
+    KERNELS.update(k.kernel + model.plan.sources[k.kernel] for k in model.kernels if count(k))
+    return out
+
+
+def main(run):
+    """``run()`` once per kernel form (CPU vectors, GPU local-memory tiles), then the count that
+    tests/test_oclgrind.py reads."""
+    for kind in ("cpu", "gpu"):
+        os.environ["KILNET_TARGET"] = kind
+        run()
+    print("kernels run:", len(KERNELS))
+    return 0
