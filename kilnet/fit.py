@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .compiler import names
 from .errors import CompileError, GraphError, KilnetError
 
 
@@ -89,28 +88,6 @@ def _pair(item, step):
     return item
 
 
-def _train_step(model, feeds, targets):
-    """``model.train_step`` split after the loss: returns (loss, applied). The backward pass,
-    state update and optimizer run only when the loss is finite."""
-    head = model.steps["evaluate"]
-    tail = model.steps["train_step"][len(head):]
-    if model.steps["train_step"][:len(head)] != head:      # not forward+loss first: no guard
-        loss = model.train_step(feeds, targets)
-        return loss, True
-    _, arrays = model._feeds(feeds)
-    tarrays = model._targets(targets)
-    with model._exec.lock:
-        model._upload(arrays, tarrays)
-        model._exec.write(names.SCALARS, np.array(model.optimizer.scalars(model.step + 1) + [0.0]))
-        model._exec.run(head)
-        loss = model._loss()
-        if not math.isfinite(loss):
-            return loss, False
-        model._exec.run(tail)
-        model.step += 1
-    return loss, True
-
-
 def _describe(report):
     if report is None or report["node"] is None:
         return "re-running the step's forward launches one at a time found no non-finite output"
@@ -167,15 +144,13 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
                 if steps is not None and history.steps >= steps:
                     break
                 feeds, targets = _pair(item, history.steps + 1)
-                loss, applied = _train_step(model, feeds, targets)
-                if not applied or not math.isfinite(loss):
-                    report = model.first_non_finite(feeds, targets) if not applied else None
+                loss = model.train_step(feeds, targets, skip_non_finite=True)
+                if not math.isfinite(loss):     # nothing was applied
+                    report = model.first_non_finite(feeds, targets)
                     err = NonFiniteLoss(
                         f"fit: the loss went non-finite ({loss}) at step {history.steps + 1} "
-                        f"(epoch {epoch + 1}); "
-                        + ("the update was not applied; " if not applied else "")
-                        + _describe(report), step=history.steps + 1, loss=loss, report=report,
-                        history=history)
+                        f"(epoch {epoch + 1}); the update was not applied; " + _describe(report),
+                        step=history.steps + 1, loss=loss, report=report, history=history)
                     _close_epoch(history, epoch_losses, t0, model.batch)
                     history.seconds = time.perf_counter() - t_run
                     if on_non_finite == "raise":

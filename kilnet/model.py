@@ -37,8 +37,12 @@ class Model:
             return {name: self._exec.read(buf).reshape((self.batch,) + self.graph.outputs[name].shape)[:n]
                     for name, buf in self.plan.outputs.items()}
 
-    def train_step(self, feeds, targets):
-        """One training step (forward, loss, backward, state update, optimizer); returns the loss."""
+    def train_step(self, feeds, targets, skip_non_finite=False):
+        """One training step (forward, loss, backward, state update, optimizer); returns the loss.
+
+        skip_non_finite: read the loss before the backward pass and, when it is NaN or infinite,
+        apply nothing (parameters, moments, statistics and ``step`` stay as they were); costs one
+        extra wait per step."""
         if self.optimizer is None:
             raise CompileError(f"train_step: model {self.graph.name!r} was compiled without an "
                                f"optimizer; compile it with optimizer=kn.SGD(...) or kn.Adam(...) "
@@ -48,8 +52,15 @@ class Model:
         with self._exec.lock:
             self._upload(arrays, tarrays)
             self._exec.write(names.SCALARS, np.array(self.optimizer.scalars(self.step + 1) + [0.0]))
-            self._exec.run(self._train)
-            loss = self._loss()
+            if skip_non_finite:
+                self._exec.run(self._eval)          # the train sequence starts with these
+                loss = self._loss()
+                if not math.isfinite(loss):
+                    return loss
+                self._exec.run(self._train[len(self._eval):])
+            else:
+                self._exec.run(self._train)
+                loss = self._loss()
             self.step += 1
         return loss
 
@@ -201,6 +212,7 @@ class Model:
         self._eval = plan.phase("forward", "loss")
         self._grad = plan.phase("forward", "loss", "backward")
         self._train = plan.phase("forward", "loss", "backward", "update_state", "optimizer")
+        assert self._train[:len(self._eval)] == self._eval     # skip_non_finite relies on it
         steps = {"forward": self._infer}
         if plan.training:
             steps.update(evaluate=self._eval, gradients=self._grad)

@@ -43,3 +43,24 @@ def test_profile_times_every_launch_and_trains_like_train_step():
     assert [name for name, _ in fwd] == [launch.name for launch in a.steps["forward"]]
     with pytest.raises(kn.KilnetError, match="call must be one of"):
         a.profile({"x": x}, {"y": t}, call="backward")
+
+
+def test_train_step_can_skip_a_non_finite_update():
+    m = model()
+    rng = np.random.default_rng(1)
+    x, t = rng.standard_normal((4, 7)), rng.standard_normal((4, 2))
+    m.train_step({"x": x}, {"y": t})
+    before = {k: m.params[k] for k in m.params}
+    bad = t.copy()
+    bad[0, 0] = np.inf
+    assert not np.isfinite(m.train_step({"x": x}, {"y": bad}, skip_non_finite=True))
+    assert m.step == 1
+    for k, v in before.items():
+        np.testing.assert_array_equal(m.params[k], v, err_msg=k)
+    twin = model()
+    twin.train_step({"x": x}, {"y": t})
+    a = m.train_step({"x": x}, {"y": t}, skip_non_finite=True)
+    b = twin.train_step({"x": x}, {"y": t})
+    assert a == b and m.step == twin.step == 2        # the guarded step is the same step
+    assert not np.isfinite(twin.train_step({"x": x}, {"y": bad}))   # unguarded: applied
+    assert twin.step == 3
