@@ -1,0 +1,491 @@
+"""Property-based tests of the compiler (hypothesis).
+
+Valid graphs: random op sequences over the core ops (dense, conv1d, activation, batchnorm,
+softmax, concat, add_norm, reshape) with random sizes (1, odd, prime), fan-out and concat of a
+value with itself, compiled in float64; the inference plan's forward and the training plan's
+loss and gradients must match an independent numpy float64 interpreter built on
+tests/reference.py (gradients: central differences of the reference loss at a few random
+parameter and input elements).
+
+Invalid graphs, feeds, targets and compile arguments: each must raise a kn.KilnetError subclass
+(never a raw Python or OpenCL exception) and leave the graph or model as it was.
+
+Profiles: "ci" (the default: few examples, derandomized, shapes drawn from a small set so that
+kernels come from the cache) and "long" (HYPOTHESIS_PROFILE=long).
+"""
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kilnet as kn
+import reference as ref
+
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                     HealthCheck.data_too_large])
+settings.register_profile("ci", max_examples=50, derandomize=True, **_COMMON)
+settings.register_profile("long", max_examples=500, **_COMMON)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(k):
+    """k times the profile's example count (cheap tests run more examples than compiling ones)."""
+    return settings(max_examples=settings.default.max_examples * k)
+
+
+# Sizes come from a small set (1, even, odd, prime) so that plans share kernels between examples.
+SIZES = [1, 2, 3, 5, 7]
+BATCHES = [1, 2, 3, 5]
+ACTS = [None] + sorted(kn.ACTIVATIONS)
+# Kinked activations make central differences unreliable right at the kink; inputs are random
+# so the kink is hit with probability ~0, and the tolerance below absorbs the rest.
+
+# -- the reference interpreter --------------------------------------------------------------
+
+
+def interpret(graph, P, feeds, training):
+    """Every node's batched output in float64, from tests/reference.py's ops. ``P`` maps
+    parameter names to arrays; batch norm uses batch statistics when ``training``."""
+    vals = {}
+    for node in graph.nodes:
+        a = node.attrs
+        xs = [vals[i.name] for i in node.inputs]
+        p = (lambda k: P[f"{node.name}.{k}"])
+        op = node.op
+        if op == "input":
+            y = ref.f64(feeds[node.name])
+        elif op == "dense":
+            y = ref.dense(xs[0], p("weight"), p("bias") if a["bias"] else None, a["activation"])
+        elif op == "conv1d":
+            y = ref.conv1d(xs[0], p("weight"), p("bias"), a["step"], a["activation"])
+        elif op == "activation":
+            y = ref.act(xs[0], a["kind"])
+        elif op == "batchnorm":
+            if training:
+                y = ref.batchnorm_train(xs[0], p("gamma"), p("beta"), a["eps"], a["activation"])[0]
+            else:
+                y = ref.batchnorm_infer(xs[0], p("gamma"), p("beta"), p("running_mean"),
+                                        p("running_var"), a["eps"], a["activation"])
+        elif op == "softmax":
+            y = ref.softmax(xs[0], a["heads"])
+        elif op == "concat":
+            y = ref.concat(*xs)
+        elif op == "add_norm":
+            y = ref.add_norm(*xs)
+        elif op == "reshape":
+            y = ref.reshape(xs[0], node.shape)
+        else:
+            raise AssertionError(f"interpreter has no op {op!r}")
+        assert y.shape == (len(y),) + node.shape, (node, y.shape)
+        vals[node.name] = y
+    return {k: vals[n.name] for k, n in graph.outputs.items()}
+
+
+def ref_loss(graph, P, feeds, T):
+    Y = interpret(graph, P, feeds, training=True)
+    return sum(ref.mse(Y[k], T[k]) for k in graph.outputs)
+
+
+# -- random valid graphs --------------------------------------------------------------------
+
+
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def valid_graphs(draw):
+    """(graph, batch): an input of 1 or 2 axes, then 1..5 random ops, each on a random earlier
+    value (fan-out); the last value and sometimes another become outputs."""
+    batch = draw(st.sampled_from(BATCHES))
+    g = kn.Graph("fuzz")
+    two = draw(st.booleans())
+    shape = (draw(st.sampled_from(SIZES)), draw(st.sampled_from(SIZES))) if two else \
+        (draw(st.sampled_from(SIZES)),)
+    values = [g.input("x", shape)]
+    ops = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "add_norm", "reshape"]
+    if batch > 1:
+        ops.append("batchnorm")
+    for _ in range(draw(st.integers(1, 5))):
+        x = draw(st.sampled_from(values))
+        op = draw(st.sampled_from(ops))
+        if op == "dense":
+            y = kn.dense(x, draw(st.sampled_from(SIZES)), activation=draw(st.sampled_from(ACTS)),
+                         bias=draw(st.booleans()))
+        elif op == "conv1d":
+            if len(x.shape) != 2:      # make it (units, channels) first
+                x = kn.reshape(x, (-1, draw(st.sampled_from(divisors(x.size)))))
+                values.append(x)
+            U = x.shape[0]
+            y = kn.conv1d(x, draw(st.sampled_from(SIZES)), window=draw(st.integers(1, min(U, 4))),
+                          step=draw(st.integers(1, 3)), activation=draw(st.sampled_from(ACTS)))
+        elif op == "activation":
+            y = kn.activation(x, draw(st.sampled_from(ACTS[1:])))
+        elif op == "batchnorm":
+            y = kn.batchnorm(x, activation=draw(st.sampled_from(ACTS)))
+        elif op == "softmax":
+            y = kn.softmax(x, heads=draw(st.sampled_from(divisors(x.size))))
+        elif op == "concat":
+            same = [v for v in values if len(v.shape) == len(x.shape) and v.shape[:-1] == x.shape[:-1]]
+            others = draw(st.lists(st.sampled_from(same), min_size=1, max_size=2))   # may repeat x
+            y = kn.concat(x, *others)
+        elif op == "add_norm":
+            same = [v for v in values if v.shape == x.shape]
+            y = kn.add_norm(x, draw(st.sampled_from(same)))
+        else:  # reshape
+            d = draw(st.sampled_from(divisors(x.size)))
+            y = kn.reshape(x, draw(st.sampled_from([(x.size,), (d, -1), (-1, d)])))
+        values.append(y)
+    if len(values) == 1:
+        values.append(kn.dense(values[0], draw(st.sampled_from(SIZES))))
+    g.output("y", values[-1])
+    extra = [v for v in values[1:-1]]
+    if extra and draw(st.booleans()):
+        g.output("z", draw(st.sampled_from(extra)))
+    return g, batch
+
+
+def random_params(m, rng):
+    """Random parameters (and, for inference, random positive running statistics) written into
+    the model; float64 copies returned."""
+    P = {}
+    for name in m.params:
+        shape = m.params[name].shape
+        if name.endswith("running_var"):
+            v = rng.uniform(0.5, 2.0, shape)
+        elif name.endswith("gamma"):
+            v = 1.0 + 0.3 * rng.standard_normal(shape)
+        else:
+            v = 0.5 * rng.standard_normal(shape)
+        m.params[name] = v
+        P[name] = v
+    return P
+
+
+FD_H = 1e-6
+FD_POINTS = 6
+
+
+@examples(1)
+@given(valid_graphs(), st.integers(0, 2**32 - 1))
+def test_valid_graph_matches_reference(gb, seed):
+    g, batch = gb
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.standard_normal((batch,) + g.inputs["x"].shape)}
+
+    # inference plan: forward matches the interpreter (batch norm with running statistics)
+    inf = kn.compile(g, batch=batch, dtype="float64")
+    P = random_params(inf, rng)
+    out = inf.forward(feeds)
+    want = interpret(g, P, feeds, training=False)
+    assert set(out) == set(want)
+    for k in want:
+        np.testing.assert_allclose(out[k], want[k], rtol=1e-9, atol=1e-11, err_msg=f"{g!r}\n{k}")
+
+    # training plan with mse: loss matches; gradients match finite differences of the
+    # reference loss at a few random elements of random parameters and of the input
+    m = kn.compile(g, batch=batch, dtype="float64", loss="mse", input_grads=True)
+    m.params.update(P)
+    T = {k: rng.standard_normal((batch,) + n.shape) for k, n in g.outputs.items()}
+    G = m.gradients(feeds, T)
+    L = ref_loss(g, P, feeds, T)
+    np.testing.assert_allclose(G.loss, L, rtol=1e-9, atol=1e-12, err_msg=repr(g))
+    trainable = [k for k in m.plan.params]
+    assert set(G) == set(trainable) | {"x"}
+
+    candidates = trainable + ["x"]
+    for _ in range(FD_POINTS):
+        name = candidates[rng.integers(len(candidates))]
+        base = feeds["x"] if name == "x" else P[name]
+        i = int(rng.integers(base.size))
+
+        def at(delta):
+            v = base.copy()
+            v.flat[i] += delta
+            if name == "x":
+                return ref_loss(g, P, {"x": v}, T)
+            return ref_loss(g, dict(P, **{name: v}), feeds, T)
+        fd = (at(FD_H) - at(-FD_H)) / (2 * FD_H)
+        got = float(np.asarray(G[name]).flat[i])
+        scale = max(1.0, max(float(np.abs(np.asarray(v)).max()) for v in G.values()))
+        assert abs(got - fd) <= 1e-5 * max(abs(got), abs(fd)) + 1e-7 * scale, \
+            f"{g!r}\nd loss / d {name}[{i}]: kilnet {got!r}, reference finite difference {fd!r}"
+
+
+# -- random invalid graphs ------------------------------------------------------------------
+
+BAD_INTS = st.sampled_from([0, -1, -7, 1.5, "3", None, True, [2], float("nan"), np.float64(2.0)])
+BAD_ACTS = st.sampled_from(["swish", "", "RELU", 3, None.__class__, ["relu"], b"tanh"])
+
+
+@st.composite
+def bad_builds(draw):
+    """(kind of mistake, a bad int-like value, a bad activation, a size >= 2)."""
+    kind = draw(st.sampled_from(["dense_units", "dense_act", "conv_filters",
+                                 "conv_window", "conv_step", "conv_long", "conv_1d", "conv_act",
+                                 "softmax_heads", "softmax_nodiv", "act_kind", "bn_momentum",
+                                 "bn_eps", "bn_act", "concat_axes", "add_norm_shape",
+                                 "reshape_size", "reshape_bad", "reshape_two_minus",
+                                 "not_a_value", "input_shape", "input_name", "dup_name",
+                                 "output_dup", "output_name", "foreign_value", "huge_dense",
+                                 "huge_input", "huge_conv"]))
+    bi = draw(BAD_INTS)
+    ba = draw(BAD_ACTS)
+    return kind, bi, ba, draw(st.sampled_from(SIZES[1:]))
+
+
+def _apply_bad(g, x, flat, kind, bi, ba, n):
+    U, C = x.shape
+    if kind == "dense_units":
+        kn.dense(x, bi)
+    elif kind == "dense_act":
+        kn.dense(x, 3, activation=ba)
+    elif kind == "conv_filters":
+        kn.conv1d(x, bi, window=1)
+    elif kind == "conv_window":
+        kn.conv1d(x, 2, window=bi)
+    elif kind == "conv_step":
+        kn.conv1d(x, 2, window=1, step=bi)
+    elif kind == "conv_long":
+        kn.conv1d(x, 2, window=U + n)
+    elif kind == "conv_1d":
+        kn.conv1d(flat, 2, window=1)
+    elif kind == "conv_act":
+        kn.conv1d(x, 2, window=1, activation=ba)
+    elif kind == "softmax_heads":
+        kn.softmax(x, heads=bi)
+    elif kind == "softmax_nodiv":
+        kn.softmax(x, heads=x.size + n)
+    elif kind == "act_kind":
+        kn.activation(x, ba)
+    elif kind == "bn_momentum":
+        kn.batchnorm(x, momentum=BAD_MOMENTA[n % len(BAD_MOMENTA)])
+    elif kind == "bn_eps":
+        kn.batchnorm(x, eps=BAD_EPS[n % len(BAD_EPS)])
+    elif kind == "bn_act":
+        kn.batchnorm(x, activation=ba)
+    elif kind == "concat_axes":
+        kn.concat(x, flat)
+    elif kind == "add_norm_shape":
+        kn.add_norm(x, flat)
+    elif kind == "reshape_size":
+        kn.reshape(x, (x.size + n,))
+    elif kind == "reshape_bad":
+        kn.reshape(x, BAD_SHAPES[n % len(BAD_SHAPES)] if isinstance(bi, (int, list)) else bi)
+    elif kind == "reshape_two_minus":
+        kn.reshape(x, (-1, -1))
+    elif kind == "not_a_value":
+        kn.dense(np.zeros((2, 3)), 3)
+    elif kind == "input_shape":
+        g.input("y", (bi,) if not isinstance(bi, list) else bi + [0])
+    elif kind == "input_name":
+        g.input(draw_bad_name(bi), (2,))
+    elif kind == "dup_name":
+        kn.dense(x, 2, name="x")
+    elif kind == "output_dup":
+        g.output("o", x)
+    elif kind == "output_name":
+        g.output(draw_bad_name(bi), x)
+    elif kind == "foreign_value":
+        other = kn.Graph("other").input("a", x.shape)
+        kn.add_norm(x, other)
+    elif kind.startswith("huge"):
+        # accepted by the graph (shapes are fine), refused by compile before allocating
+        h = kn.Graph("huge")
+        big = 2**n * 10**(9 + n)
+        if kind == "huge_dense":
+            y = kn.dense(h.input("a", (C,)), big)
+        elif kind == "huge_input":
+            y = kn.dense(h.input("a", (big, C)), 1)
+        else:
+            y = kn.conv1d(h.input("a", (big, C)), 2**31 + n, window=U)
+        h.output("y", y)
+        kn.compile(h, dtype="float64")
+    else:
+        raise AssertionError(kind)
+
+
+BAD_SHAPES = [0, (0,), (-2,), "abc", (1.5,), (True,), (), (1, 0, -1), (-1, 10**6 + 1)]
+BAD_MOMENTA = [-0.1, 1.5, "0.1", float("nan"), None, True]
+BAD_EPS = [0, -1e-5, "1e-5", float("nan"), None, False]
+
+
+def draw_bad_name(bi):
+    return {0: "1abc", -1: "a-b", -7: "", None: None, True: "a.b"}.get(bi, "has space") \
+        if not isinstance(bi, (list, float)) else 3
+
+
+@examples(8)
+@given(bad_builds(), st.sampled_from(SIZES), st.sampled_from(SIZES))
+def test_invalid_graph_raises_kilnet_error(bad, U, C):
+    kind, bi, ba, n = bad
+    g = kn.Graph("bad")
+    x = g.input("x", (U, C))
+    flat = kn.reshape(x, (U * C,), name="flat")
+    g.output("o", flat)
+    before = (repr(g), dict(g._counters), list(g.inputs), list(g.outputs))
+    with pytest.raises(kn.KilnetError):
+        _apply_bad(g, x, flat, kind, bi, ba, n)
+    assert (repr(g), dict(g._counters), list(g.inputs), list(g.outputs)) == before
+    # the graph still builds and names its next node as if nothing had happened
+    assert kn.dense(x, 2).name == "dense_1"
+
+
+# -- bad compile arguments, feeds and targets -----------------------------------------------
+
+_MODELS = {}
+
+
+def _model(batch):
+    """A small training model (dense -> softmax, and a batchnorm path) with SGD; one per batch."""
+    if batch not in _MODELS:
+        g = kn.Graph("feedfuzz")
+        x = g.input("x", (3, 2))
+        t = g.input("t", (5,))
+        h = kn.conv1d(x, 2, window=2, activation="tanh")
+        h = kn.concat(kn.reshape(h, (4,)), kn.batchnorm(t))
+        g.output("y", kn.dense(h, 3))
+        g.output("p", kn.softmax(kn.dense(h, 4), heads=2))
+        _MODELS[batch] = kn.compile(g, batch=batch, dtype="float64",
+                                    loss={"y": "mse", "p": "cross_entropy"},
+                                    optimizer=kn.SGD(lr=0.1, momentum=0.9))
+    return _MODELS[batch]
+
+
+def _good(m, rng):
+    B = m.batch
+    feeds = {"x": rng.standard_normal((B, 3, 2)), "t": rng.standard_normal((B, 5))}
+    targets = {"y": rng.standard_normal((B, 3)), "p": np.full((B, 4), 0.5)}
+    return feeds, targets
+
+
+BAD_ARRAYS = [
+    lambda a: a.astype(np.complex128),
+    lambda a: a.astype(str),
+    lambda a: a.astype(object),
+    lambda a: np.array(["a"] * a.size).reshape(a.shape),
+    lambda a: a[:, None],
+    lambda a: a.reshape(len(a), -1)[:, :-1],
+    lambda a: a[0],
+    lambda a: np.concatenate([a, a]),
+    lambda a: a.reshape(-1)[:, None],
+    lambda a: np.float64(1.0),
+    lambda a: None,
+    lambda a: "data",
+    lambda a: [[1, 2], [3]],
+    lambda a: {"x": a},
+    lambda a: a[:0],
+    lambda a: object(),
+]
+
+
+@st.composite
+def bad_calls(draw):
+    call = draw(st.sampled_from(["forward", "train_step", "gradients", "evaluate"]))
+    what = draw(st.sampled_from(["feed_array", "target_array", "missing_feed", "extra_feed",
+                                 "missing_target", "extra_target", "feeds_type", "targets_type",
+                                 "param_array", "param_name", "mixed_counts"]))
+    if call == "forward" and "target" in what:
+        call = "train_step"
+    return call, what, draw(st.sampled_from(range(len(BAD_ARRAYS)))), draw(st.sampled_from([2, 3]))
+
+
+def _snapshot(m):
+    return m.step, {k: m.params[k].copy() for k in m.params}
+
+
+@examples(4)
+@given(bad_calls(), st.integers(0, 2**32 - 1))
+def test_bad_feeds_raise_kilnet_error_and_change_nothing(bc, seed):
+    call, what, which, batch = bc
+    m = _model(batch)
+    rng = np.random.default_rng(seed)
+    feeds, targets = _good(m, rng)
+    bad = BAD_ARRAYS[which]
+    step, params = _snapshot(m)
+    ref_out = m.forward(feeds)
+
+    if what == "feed_array":
+        k = ["x", "t"][which % 2]
+        feeds[k] = bad(feeds[k])
+    elif what == "target_array":
+        k = ["y", "p"][which % 2]
+        targets[k] = bad(targets[k])
+    elif what == "missing_feed":
+        del feeds[["x", "t"][which % 2]]
+    elif what == "extra_feed":
+        feeds[["y", "bogus", "x "][which % 3]] = feeds["x"]
+    elif what == "missing_target":
+        del targets[["y", "p"][which % 2]]
+    elif what == "extra_target":
+        targets[["x", "bogus", "t"][which % 3]] = targets["y"]
+    elif what == "feeds_type":
+        feeds = [None, [feeds["x"]], feeds["x"], "x", 3][which % 5]
+    elif what == "targets_type":
+        targets = [None, [targets["y"]], targets["y"], "y", 3][which % 5]
+    elif what == "mixed_counts":
+        feeds["x"] = feeds["x"][:1]      # x has 1 sample, t has the batch
+
+    with pytest.raises(kn.KilnetError):
+        if what == "param_array":
+            name = sorted(m.params)[which % len(m.params)]
+            m.params.update({sorted(m.params)[0]: m.params[sorted(m.params)[0]] * 2,
+                             name: bad(m.params[name])})
+        elif what == "param_name":
+            m.params[["nope", "x", "dense_1"][which % 3]] = np.zeros(3)
+        elif call == "forward":
+            m.forward(feeds)
+        elif call == "train_step":
+            m.train_step(feeds, targets)
+        elif call == "gradients":
+            m.gradients(feeds, targets)
+        else:
+            m.evaluate(feeds, targets)
+
+    # nothing changed: step, parameters, optimizer state (through the next forward)
+    step2, params2 = _snapshot(m)
+    assert step2 == step
+    for k in params:
+        np.testing.assert_array_equal(params2[k], params[k], err_msg=k)
+    good_feeds, _ = _good(m, np.random.default_rng(seed))
+    out = m.forward(good_feeds)
+    for k in out:
+        np.testing.assert_array_equal(out[k], ref_out[k])
+
+
+@examples(2)
+@given(st.sampled_from(["batch", "dtype", "optimizer", "loss_name", "loss_kind", "seed", "graph",
+                        "no_outputs", "opt_no_loss", "device", "loss_type"]),
+       st.sampled_from([0, -1, 2.5, "2", None, True, "float16", object(), [1]]))
+def test_bad_compile_args_raise_kilnet_error(what, bad):
+    g = kn.Graph("c")
+    x = g.input("x", (3,))
+    g.output("y", kn.dense(x, 2))
+    kw = dict(batch=2, dtype="float64")
+    if what == "batch":
+        kw["batch"] = bad
+    elif what == "dtype":
+        kw["dtype"] = bad if bad is not None else "int32"
+    elif what == "optimizer":
+        kw.update(optimizer=bad if bad is not None else "sgd", loss="mse")
+    elif what == "loss_name":
+        kw["loss"] = {"nope": "mse"}
+    elif what == "loss_kind":
+        kw["loss"] = {"y": bad if isinstance(bad, str) and bad != "2" else "l1"}
+    elif what == "loss_type":
+        kw["loss"] = [7, ["mse"], object(), 2.5][len(repr(bad)) % 4]
+    elif what == "seed":
+        kw["seed"] = bad if bad not in (0, None) else -3
+    elif what == "graph":
+        g = bad if bad is not None else "graph"
+    elif what == "no_outputs":
+        g = kn.Graph("empty")
+        g.input("x", (3,))
+    elif what == "opt_no_loss":
+        kw["optimizer"] = kn.SGD(lr=0.1)
+    elif what == "device":
+        kw["device"] = "no-such-device" if not isinstance(bad, int) else 99
+    with pytest.raises(kn.KilnetError):
+        kn.compile(g, **kw)
