@@ -352,3 +352,22 @@ def test_calls_the_plan_cannot_serve():
            "train_step", "without an optimizer")
     # The loss-only plan still serves what it can.
     assert no_opt.gradients({"x": x}, {"o": np.ones((2, 4))}).loss > 0
+
+
+def test_found_by_fuzzing_bias_eps_and_save_path(tmp_path):
+    """dense(bias=) took any value through bool(); batchnorm(eps=inf) reached the OpenCL build;
+    model.save(3) raised a raw TypeError."""
+    g = kn.Graph("fz")
+    x = g.input("x", (3,))
+    for bad in ("False", 1, None, [2]):
+        with pytest.raises(kn.GraphError, match="bias must be True or False"):
+            kn.dense(x, 2, bias=bad)
+    with pytest.raises(kn.GraphError, match="eps must be"):
+        kn.batchnorm(x, eps=float("inf"))
+    with pytest.raises(kn.GraphError, match="momentum must be"):
+        kn.batchnorm(x, momentum=float("nan"))
+    g.output("y", kn.dense(x, 2))
+    m = kn.compile(g, batch=2)
+    with pytest.raises(kn.CheckpointError, match="path must be"):
+        m.save(3)
+    assert list(tmp_path.iterdir()) == []

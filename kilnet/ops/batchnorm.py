@@ -42,6 +42,8 @@ call, inference included, and start at 0 (here only train_step stores them; they
 resets γ = 0 to 1 (here the map above is used as written for every B >= 1 and every γ); eps is
 the op's ``eps`` rather than a version-dependent constant.
 """
+import math
+
 from ..compiler import symbolic
 from ..graph import graph_of
 from .base import GraphError, Op, Param, int_attr, kernel, need, register, round_up
@@ -68,6 +70,7 @@ class BatchNorm(Op):
         for key, lo, hi in (("momentum", 0.0, 1.0), ("eps", 0.0, float("inf"))):
             v = a[key]
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+            ok = ok and math.isfinite(v)     # a literal inf would not even build
             need(ok and (key != "eps" or v > 0), node,
                  f"{key} must be a number in {'(0, inf)' if key == 'eps' else '[0, 1]'}, got {v!r}",
                  GraphError)

@@ -1,7 +1,7 @@
 """dense: y = act(W·flatten(x) + b); weight (units, in), bias (units,) as in torch.nn.Linear."""
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import Op, Param, int_attr, register
+from .base import GraphError, Op, Param, int_attr, need, register
 from .activation import scale_by_derivative
 from .gemm import linear, linear_backward
 
@@ -19,7 +19,8 @@ class Dense(Op):
     def infer(self, node):
         int_attr(node, "units", node.attrs["units"])
         node.attrs["activation"] = symbolic.check(node.attrs["activation"])
-        node.attrs["bias"] = bool(node.attrs["bias"])
+        need(isinstance(node.attrs["bias"], bool), node,
+             f"bias must be True or False, got {node.attrs['bias']!r}", GraphError)
         return (node.attrs["units"],)
 
     def params(self, node):

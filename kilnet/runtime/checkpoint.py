@@ -58,6 +58,8 @@ def _json_default(v):
 
 def save(model, path):
     from ..graph import to_dict
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise CheckpointError(f"save: path must be a str or os.PathLike, got {type(path).__name__}")
     plan = model.plan
     header = {"format": FORMAT, "version": VERSION, "graph": to_dict(model.graph),
               "compile": {"batch": plan.batch, "dtype": plan.dtype, "loss": plan.loss,
