@@ -64,3 +64,30 @@ def test_split_k_matches_numpy(monkeypatch):
     grads = m.gradients({"x": x}, {"y": t})
     np.testing.assert_allclose(grads["dense_1.weight"], dz.T @ x, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(grads["dense_1.bias"], dz.sum(0), rtol=1e-12, atol=1e-14)
+
+
+def test_many_compute_units_agree(monkeypatch):
+    """The GPU form as an H200 (132 compute units) compiles it: at batch 1 long products get
+    split along k, and a stacked conv1d's input gradient (a strided output) must not be split.
+    (A PoCL device has too few compute units to reach these branches.)"""
+    import dataclasses
+
+    from kilnet.compiler import target
+    of = target.Target.of
+    monkeypatch.setattr(target.Target, "of", classmethod(
+        lambda cls, d: dataclasses.replace(of(d), compute_units=132)))
+
+    def build(x):
+        x = kn.conv1d(kn.conv1d(x, 32, 3, activation="leaky_relu"), 300, 1)
+        return kn.dense(kn.dense(kn.conv1d(x, 16, 1), 40, activation="tanh"), 7)
+    CASES["h200"] = (1, (12, 9), build)
+    try:
+        mg, yg, gg = run(monkeypatch, "gpu", "h200")
+        _, yc, gc = run(monkeypatch, "cpu", "h200")
+    finally:
+        del CASES["h200"]
+    split = {k.name for k in mg.kernels if k.name.endswith("_reduce")}
+    assert "conv1d_2.backward_input_reduce" in split, split         # a strided output, split
+    np.testing.assert_allclose(yg, yc, rtol=1e-12, atol=1e-12)
+    for k in gg:
+        np.testing.assert_allclose(gg[k], gc[k], rtol=1e-10, atol=1e-12, err_msg=k)

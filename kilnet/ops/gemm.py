@@ -52,13 +52,16 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN, KC=K, split=False)
     local = (TN // RN, TM // RM, 1)
     groups = -(-M // TM) * -(-N // TN) * batch
-    split = _split(ctx, groups, K) if (batch == 1 and bias is None and z is None) else 1
+    # The slices' partial products are summed per output element by a column sum, so the output
+    # must be one contiguous M×N block (b is 0 at batch 1) with nothing to apply after the sum.
+    contiguous = re.fullmatch(rf"(b\*\d+\+)?m\*{N}\+n", c_idx.replace(" ", ""))
+    split = _split(ctx, groups, K) if (batch == 1 and bias is None and z is None and contiguous
+                                       and act == "none") else 1
     if split == 1:
         glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch)
         return [kernel(step, "gemm", consts, buffers, glob, local)]
     # Split-K: few output tiles but a long k (weight gradients summed over a large batch). Each
     # z-slice sums one range of k into its own partial product; a column sum adds the slices.
-    assert c_idx.replace(" ", "") == f"m*{N}+n", "split-K needs a contiguous output"
     kc = round_up(-(-K // split), TK)
     split = -(-K // kc)
     partial = ctx.scratch(f"{step}.partial", split * M * N)
