@@ -65,7 +65,10 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     kc = round_up(-(-K // split), TK)
     split = -(-K // kc)
     partial = ctx.scratch(f"{step}.partial", split * M * N)
-    consts.update(KC=kc, split=True, c_idx=_macro_body(f"b*{M * N} + m*{N} + n", "mnb"), accumulate=False,
+    # The z-index now names a slice, and the one batch entry is entry 0.
+    consts.update(KC=kc, split=True, a_idx=_macro_body(re.sub(r"\bb\b", "0", a_idx), "mkb"),
+                  b_idx=_macro_body(re.sub(r"\bb\b", "0", b_idx), "knb"),
+                  c_idx=_macro_body(f"b*{M * N} + m*{N} + n", "mnb"), accumulate=False,
                   act=symbolic.forward_c("none"))
     glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
     return [kernel(step, "gemm", consts, dict(buffers, out=partial), glob, local)] + column_sum(
