@@ -23,3 +23,7 @@ class FeedError(KilnetError):
 
 class CheckpointError(KilnetError):
     """A .kiln file is unreadable, truncated, of another version, or of another architecture."""
+
+
+class MemoryCheckError(KilnetError):
+    """A kernel wrote outside its buffer: a guard region of a debug_buffers model changed."""

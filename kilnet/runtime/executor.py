@@ -5,11 +5,15 @@ import threading
 
 import numpy as np
 
-from ..errors import CompileError
+from ..errors import CompileError, MemoryCheckError
 from . import device as devmod
 from .program import build
 
 NP_DTYPE = {"float32": np.float32, "float64": np.float64}
+GUARD = 64      # elements of guard before and after each buffer with debug_buffers (keeps alignment)
+# Signalling NaNs with a fixed payload: arithmetic only ever makes quiet NaNs, so a kernel cannot
+# write this pattern by accident, and a kernel reading a guard gets a NaN that shows in results.
+SENTINEL = {np.float32: np.uint32(0x7F8A5A5A), np.float64: np.uint64(0x7FF4A5A5A5A5A5A5)}
 
 
 class Executor:
@@ -24,11 +28,13 @@ class Executor:
         self.ctx, self.queue, _ = dc = devmod.context(self.device)
         self.lock = threading.Lock()
         self._pending = []
-        kernels = {k: build(dc, k, src) for k, src in plan.sources.items()}
+        programs = {k: build(dc, k, src) for k, src in plan.sources.items()}
+        kernels = {launch.name: cl.Kernel(programs[launch.kernel], launch.kernel)
+                   for launch in plan.launches}
         self._alloc(poison)
         self.bound = {}
         for launch in plan.launches:
-            k = cl.Kernel(kernels[launch.kernel], launch.kernel)
+            k = kernels[launch.name]
             for a in launch.args:
                 if a.name.endswith("_arena"):
                     k.set_arg(a.slot, self._mem(a.buffer))
@@ -56,15 +62,21 @@ class Executor:
         cl, plan = self.cl, self.plan
         flags = cl.mem_flags.READ_WRITE
         if plan.debug_buffers:
-            # Every buffer its own allocation of exactly its size: a write past its end is an
-            # invalid access that Oclgrind reports.
-            self.mems = {b.name: cl.Buffer(self.ctx, flags, b.size * self.item)
+            # Every buffer its own allocation, its data between two guards of SENTINEL: a write
+            # just past either end changes a guard (checked after each launch); one further out
+            # leaves the allocation, which Oclgrind reports.
+            self.sentinel = SENTINEL[self.np_dtype]
+            self.mems = {b.name: cl.Buffer(self.ctx, flags, (b.size + 2 * GUARD) * self.item)
                          for b in plan.buffers.values()}
+            for mem in self.mems.values():
+                cl.enqueue_fill_buffer(self.queue, mem, self.sentinel, 0, mem.size)
+                cl.enqueue_fill_buffer(self.queue, mem, self.np_dtype(0), GUARD * self.item,
+                                       mem.size - 2 * GUARD * self.item)
         else:
             self.mems = {role: cl.Buffer(self.ctx, flags, max(n, 1) * self.item)
                          for role, n in plan.arenas.items() if n}
-        for mem in self.mems.values():
-            cl.enqueue_fill_buffer(self.queue, mem, self.np_dtype(0), 0, mem.size)
+            for mem in self.mems.values():
+                cl.enqueue_fill_buffer(self.queue, mem, self.np_dtype(0), 0, mem.size)
         if poison:
             for name in plan.poisonable:
                 b = plan.buffers[name]
@@ -76,7 +88,7 @@ class Executor:
         return self.mems[name if self.plan.debug_buffers else b.role]
 
     def _offset(self, name):
-        return 0 if self.plan.debug_buffers else self.plan.buffers[name].offset
+        return GUARD if self.plan.debug_buffers else self.plan.buffers[name].offset
 
     def write(self, name, array):
         b = self.plan.buffers[name]
@@ -95,14 +107,46 @@ class Executor:
         return out
 
     def run(self, launches, after=None):
-        """Enqueue ``launches`` in order; ``after(launch)`` (debug) runs after each one."""
+        """Enqueue ``launches`` in order; ``after(launch)`` (debug) runs after each one. With
+        debug_buffers every launch is waited for and its buffers' guards checked."""
         enqueue = self.cl.enqueue_nd_range_kernel
+        if self.plan.debug_buffers:
+            then = after
+
+            def after(launch):
+                self._check_guards(launch)
+                if then is not None:
+                    then(launch)
         for launch in launches:
             k, g, loc = self.bound[launch.name]
             enqueue(self.queue, k, g, loc)
             if after is not None:
                 self.queue.finish()
                 after(launch)
+
+    def _check_guards(self, launch):
+        cl, n, item = self.cl, GUARD, self.item
+        guards = []
+        for arg, name in launch.buffers.items():
+            mem = self.mems[name]
+            for side, at in (("before", 0), ("after", mem.size // item - n)):
+                g = np.empty(n, self.sentinel.dtype)
+                cl.enqueue_copy(self.queue, g, mem, src_offset=at * item, is_blocking=False)
+                guards.append((arg, name, side, at, g))
+        self.queue.finish()
+        damaged = [(arg, name, side, at, np.flatnonzero(g != self.sentinel))
+                   for arg, name, side, at, g in guards if (g != self.sentinel).any()]
+        if damaged:
+            for _, name, _, at, _ in damaged:     # so that a later call reports only its own
+                cl.enqueue_fill_buffer(self.queue, self.mems[name], self.sentinel, at * item,
+                                       n * item)
+            self.queue.finish()
+            arg, name, side, _, changed = damaged[0]
+            reach = n - changed[0] if side == "before" else changed[-1] + 1
+            raise MemoryCheckError(
+                f"Invalid write by kernel {launch.kernel} (launch {launch.name}): {changed.size} "
+                f"of the {n} guard elements {side} buffer {name!r} (argument {arg}) were "
+                f"overwritten, reaching {reach} element(s) {side} its data")
 
     def finish(self):
         self.queue.finish()
