@@ -16,6 +16,15 @@ GUARD = 64      # elements of guard before and after each buffer with debug_buff
 SENTINEL = {np.float32: np.uint32(0x7F8A5A5A), np.float64: np.uint64(0x7FF4A5A5A5A5A5A5)}
 
 
+def limits(kernel, device):
+    """(local memory ``kernel`` needs, its largest work-group, the device's local memory), in
+    bytes and work-items; one function so that tests can stand in a smaller device."""
+    import pyopencl as cl
+    info = cl.kernel_work_group_info
+    return (kernel.get_work_group_info(info.LOCAL_MEM_SIZE, device),
+            kernel.get_work_group_info(info.WORK_GROUP_SIZE, device), device.local_mem_size)
+
+
 class Executor:
     def __init__(self, plan, device=None, poison=False):
         import pyopencl as cl
@@ -31,6 +40,7 @@ class Executor:
         programs = {k: build(dc, k, src) for k, src in plan.sources.items()}
         kernels = {launch.name: cl.Kernel(programs[launch.kernel], launch.kernel)
                    for launch in plan.launches}
+        self._check_kernels(kernels)
         self._alloc(poison)
         self.bound = {}
         for launch in plan.launches:
@@ -57,6 +67,20 @@ class Executor:
         if need > d.global_mem_size:
             raise CompileError(f"the plan needs {need / 2**20:.1f} MiB of device memory; {where} "
                                f"has {d.global_mem_size / 2**20:.1f} MiB")
+
+    def _check_kernels(self, kernels):
+        """What each built kernel needs against what the device gives it, before any allocation."""
+        d = self.device
+        where = f"{d.name.strip()} ({d.platform.name.strip()})"
+        for launch in self.plan.launches:
+            local, group, has = limits(kernels[launch.name], d)
+            if local > has:
+                raise CompileError(f"kernel {launch.kernel} (launch {launch.name}) needs {local} "
+                                   f"bytes of local memory; {where} has {has}")
+            n = int(np.prod(launch.local_size)) if launch.local_size else 0
+            if n > group:
+                raise CompileError(f"kernel {launch.kernel} (launch {launch.name}) is launched in "
+                                   f"work-groups of {n}; {where} runs it in at most {group}")
 
     def _alloc(self, poison):
         cl, plan = self.cl, self.plan
