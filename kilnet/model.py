@@ -33,7 +33,7 @@ class Model:
         n, arrays = self._feeds(feeds, partial=True)
         with self._exec.lock:
             self._upload(arrays)
-            self._exec.run(self._infer)
+            self._run(self._infer)
             return {name: self._exec.read(buf).reshape((self.batch,) + self.graph.outputs[name].shape)[:n]
                     for name, buf in self.plan.outputs.items()}
 
@@ -53,13 +53,13 @@ class Model:
             self._upload(arrays, tarrays)
             self._exec.write(names.SCALARS, np.array(self.optimizer.scalars(self.step + 1) + [0.0]))
             if skip_non_finite:
-                self._exec.run(self._eval)          # the train sequence starts with these
+                self._run(self._eval)               # the train sequence starts with these
                 loss = self._loss()
                 if not math.isfinite(loss):
                     return loss
-                self._exec.run(self._train[len(self._eval):])
+                self._run(self._train[len(self._eval):])
             else:
-                self._exec.run(self._train)
+                self._run(self._train)
                 loss = self._loss()
             self.step += 1
         return loss
@@ -72,7 +72,7 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays)
-            self._exec.run(self._grad)
+            self._run(self._grad)
             out = Gradients()
             for name, buf in self.plan.grads.items():
                 out[name] = self._exec.read(buf).reshape(self.plan.buffers[name].shape)
@@ -88,7 +88,7 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays)
-            self._exec.run(self._eval)
+            self._run(self._eval)
             return self._loss()
 
     @property
@@ -152,43 +152,74 @@ class Model:
         _, arrays = self._feeds(feeds)
         tarrays = self._targets(targets)
 
+        for name, arr in list(arrays.items()) + list(tarrays.items()):
+            if not np.isfinite(arr).all():
+                return dict(node=name, op=None, launch=None, kernel=None, size=int(arr.size),
+                            non_finite=int(arr.size - np.isfinite(arr).sum()), inputs={},
+                            params=self._non_finite_params())
+        found = []
+        with self._exec.lock:
+            self._upload(arrays, tarrays)
+            self._exec.run(self.steps["evaluate"], after=self._watch(self.steps["evaluate"],
+                                                                     found.append))
+        return found[0] if found else None
+
+    def _non_finite_params(self):
+        return [n for n, b in self.plan.params.items() if not np.isfinite(self._exec.read(b)).all()]
+
+    def _watch(self, seq, report):
+        """An ``after`` for Executor.run over ``seq``: once a node's launches (its forward ones,
+        or its backward ones) have run, reads what they computed — the node's output, any loss
+        and, from the loss on, gradients — and calls ``report`` with a first_non_finite dict
+        for the first non-finite one, once. Updates are not checked: they run after it all."""
+        def group(launch):
+            return launch.node, launch.phase == "backward"
+        last = {group(launch): launch.name for launch in seq}
+        ops = {node.name: node.op for node in self.graph.nodes}
+        touched, done = {}, []
+
         def ranges(a):
             finite = a[np.isfinite(a)]
             return dict(min=float(finite.min()) if finite.size else math.nan,
                         max=float(finite.max()) if finite.size else math.nan,
                         non_finite=int(a.size - finite.size))
-        bad_params = [n for n, b in self.plan.params.items()
-                      if not np.isfinite(self._exec.read(b)).all()]
-        for name, arr in list(arrays.items()) + list(tarrays.items()):
-            if not np.isfinite(arr).all():
-                return dict(node=name, op=None, launch=None, kernel=None, size=int(arr.size),
-                            non_finite=int(arr.size - np.isfinite(arr).sum()), inputs={},
-                            params=bad_params)
-        seq = self.steps["evaluate"]
-        last = {launch.node: launch.name for launch in seq}
-        found = []
-        ops = {node.name: node.op for node in self.graph.nodes}
 
         def check(launch):
-            if found or last[launch.node] != launch.name:
+            if done or launch.phase in ("update_state", "optimizer"):
                 return
-            bufs = launch.buffers
-            outs = [b for b in bufs.values() if b == launch.node or
-                    self.plan.buffers[b].role == "loss"]
+            bufs = touched.setdefault(group(launch), {})
+            bufs.update(dict.fromkeys(launch.buffers.values()))
+            if last[group(launch)] != launch.name:
+                return
+            role = {b: self.plan.buffers[b].role for b in bufs}
+            outs = [b for b in bufs if b == launch.node or role[b] == "loss" or
+                    (launch.phase in ("loss", "backward") and role[b] in ("grad", "act_grad"))]
             for out in outs:
                 a = self._exec.read(out)
                 if not np.isfinite(a).all():
-                    found.append(dict(
+                    done.append(out)
+                    report(dict(
                         node=launch.node, op=ops.get(launch.node, launch.phase),
                         launch=launch.name, kernel=launch.kernel, size=int(a.size),
-                        non_finite=int(a.size - np.isfinite(a).sum()), params=bad_params,
-                        inputs={b: ranges(self._exec.read(b)) for b in bufs.values()
-                                if b not in outs and self.plan.buffers[b].role in INPUT_ROLES}))
+                        non_finite=int(a.size - np.isfinite(a).sum()),
+                        params=self._non_finite_params(),
+                        inputs={b: ranges(self._exec.read(b)) for b in bufs
+                                if b not in outs and role[b] in INPUT_ROLES}))
                     return
-        with self._exec.lock:
-            self._upload(arrays, tarrays)
-            self._exec.run(seq, after=check)
-        return found[0] if found else None
+        return check
+
+    def _run(self, seq):
+        """Run ``seq``; with check_finite a launch at a time, raising NonFiniteLoss at the first
+        non-finite output, so before the update launches (which come last) change anything."""
+        if not self.plan.check_finite:
+            self._exec.run(seq)
+            return
+
+        def stop(report):
+            from .fit import NonFiniteLoss, _describe
+            raise NonFiniteLoss(f"check_finite: model {self.graph.name!r}: " + _describe(report),
+                                report=report)
+        self._exec.run(seq, after=self._watch(seq, stop))
 
     def summary(self):
         from .inspect import summary

@@ -1,4 +1,5 @@
 """The compiler: graph -> plan (shapes, backward schedule, memory, renders, bindings) -> model."""
+import dataclasses
 import numbers
 
 from ..errors import CompileError, GraphError
@@ -12,7 +13,7 @@ DTYPES = ("float32", "float64")
 
 
 def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=None, seed=0,
-            input_grads=False, debug_buffers=False, poison=False):
+            input_grads=False, debug_buffers=False, poison=False, check_finite=False):
     """Compile ``graph`` for ``batch`` samples into a runnable model.
 
     optimizer: kn.SGD / kn.Adam, or None for a plan without updates.
@@ -20,7 +21,11 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
         the plan is inference-only and reuses dead activation memory.
     input_grads: also compute gradients with respect to graph inputs (``model.gradients``).
     debug_buffers: give every buffer its own allocation (for Oclgrind), and one optimizer launch
-        per parameter; poison: fill every buffer a step must rewrite with NaN first.
+        per parameter, with guard regions around every buffer that are checked after each
+        launch (``kn.MemoryCheckError`` names the kernel that wrote out of range);
+        poison: fill every buffer a step must rewrite with NaN first.
+    check_finite: run every call a launch at a time and raise ``kn.NonFiniteLoss`` at the first
+        node whose output (or gradient) holds a NaN or an infinity, before any update is applied.
     """
     from ..model import Model
     if not isinstance(graph, Graph):
@@ -44,4 +49,5 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
     dev = select_device(device)
     plan = lower(graph, batch, dtype, loss, optimizer, bool(input_grads), bool(debug_buffers),
                  Target.of(dev))
+    plan = dataclasses.replace(plan, check_finite=bool(check_finite))
     return Model(plan, device=dev, seed=seed, poison=poison)

@@ -58,6 +58,7 @@ class Plan:
     params: dict                # "<node>.<param>" -> buffer (parameters)
     state: dict                 # "<node>.<state>" -> buffer
     poisonable: list = field(default_factory=list)   # buffers every step rewrites fully
+    check_finite: bool = False  # run calls a launch at a time, stopping at a non-finite output
 
     def phase(self, *names):
         return [launch for launch in self.launches if launch.phase in names]
