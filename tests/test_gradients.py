@@ -225,6 +225,17 @@ def test_softmax_input(shape, heads, loss):
                     heads={"p": heads}, feed_scale=2.0)
 
 
+@pytest.mark.parametrize("form", ["cpu", "gpu"])
+@pytest.mark.parametrize("kind", ["mse", "huber"])
+def test_long_sample_loss(monkeypatch, kind, form):
+    """2100 elements a sample: the loss comes in three chunks per sample (the last ragged), in
+    both kernel forms (one walker per chunk; lanes meeting in local memory)."""
+    monkeypatch.setenv("KILNET_TARGET", form)
+    g, (x,) = graph([("x", (3, 700))])
+    g.output("y", kn.activation(x, "tanh"))
+    check_gradients(g, {"y": kind}, 2, lambda P, f: {"y": np.tanh(f["x"])}, feed_scale=2.0)
+
+
 # -- concat, add_norm, reshape, fan-out -----------------------------------------------------
 
 def test_concat_same_value_twice():

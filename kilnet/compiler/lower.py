@@ -8,7 +8,7 @@ wants it (a parameter, or a graph input when ``input_grads`` is asked for).
 """
 from ..errors import CompileError, GraphError
 from ..ops import get_op
-from ..ops.losses import check as check_loss, elementwise_loss
+from ..ops.losses import check as check_loss, elementwise_loss, parts
 from ..ops.softmax import cross_entropy
 from . import memory, names
 from .plan import Arg, Launch, Plan
@@ -187,9 +187,10 @@ class Lowering:
             else:
                 ctx = Context(self, node, True)
                 contribute(ctx, 0, node)
-                loss = self.buffer(names.loss_part(out_name), "loss", self.batch)
+                loss = self.buffer(names.loss_part(out_name), "loss",
+                                   self.batch * parts(node.size))
                 self.emit(f"loss.{out_name}", "loss", [elementwise_loss(
-                    kind, batch=self.batch, size=node.size, out=self.value_buffer(node),
+                    kind, self.target.kind, batch=self.batch, size=node.size, out=self.value_buffer(node),
                     target=target, loss=loss, dout=ctx.dx(0), accumulate=ctx.acc(0))])
             self.loss_parts.append(loss)
             self.targets[out_name] = target

@@ -1,9 +1,10 @@
 """Losses, each a mean over the batch: mse and huber (δ = 1) average over elements too;
 cross_entropy (on a softmax output, per head) lives with softmax, whose logits it needs."""
-from .base import GraphError, kernel, round_up
+from .base import GraphError, kernel
 
 LOSSES = ("mse", "cross_entropy", "huber")
-LOCAL = 64
+CHUNK = 1024               # elements of a sample per loss part: a long sample is not one lane's loop
+GPU_LANES = 64
 
 
 def check(kind, output):
@@ -12,10 +13,18 @@ def check(kind, output):
     return kind
 
 
-def elementwise_loss(kind, *, batch, size, out, target, loss, dout, accumulate):
-    """One work-item per sample: its loss part and the gradient of the mean loss w.r.t. ``out``."""
-    consts = dict(kind=kind, B=batch, N=size, accumulate=accumulate, input_grad=dout is not None)
+def parts(size):
+    """Loss parts per sample of ``size`` elements (the loss buffer holds batch × parts)."""
+    return -(-size // CHUNK)
+
+
+def elementwise_loss(kind, target_kind, *, batch, size, out, target, loss, dout, accumulate):
+    """Per (sample, chunk) its share of the mean loss, and the gradient of the mean loss with
+    respect to ``out``."""
+    L = 1 if target_kind == "cpu" else GPU_LANES
+    consts = dict(kind=kind, B=batch, N=size, CH=CHUNK, P=parts(size), L=L, accumulate=accumulate,
+                  input_grad=dout is not None)
     bufs = {"out": out, "target": target, "loss": loss}
     if dout is not None:
         bufs["dout"] = dout
-    return kernel("loss", "loss", consts, bufs, (round_up(batch, LOCAL),), (LOCAL,))
+    return kernel("loss", "loss", consts, bufs, (parts(size) * L, batch), (L, 1))
