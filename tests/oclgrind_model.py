@@ -45,6 +45,15 @@ def run():
     wide = kn.compile(g, batch=300, optimizer=kn.SGD(lr=0.1), loss="mse", debug_buffers=True,
                       poison=True)
     exercise(wide, {"x": rng.standard_normal((300, 5))}, {"y": rng.standard_normal((300, 3))}, 1)
+    # A long k with few outputs at a small batch: the GPU form splits the forward product and
+    # applies bias and tanh after the slices' sum; 1100-element samples: the loss in chunks.
+    g = kn.Graph("split_forward")
+    x = g.input("x", (1100,))
+    g.output("y", kn.dense(x, 7, activation="tanh"))
+    g.output("w", kn.activation(x, "sigmoid"))
+    m = kn.compile(g, batch=6, optimizer=kn.SGD(lr=0.1), loss="mse", debug_buffers=True, poison=True)
+    exercise(m, {"x": rng.standard_normal((6, 1100))},
+             {"y": rng.standard_normal((6, 7)), "w": rng.random((6, 1100))}, 1)
     inf = kn.compile(build(), batch=1, debug_buffers=True, poison=True)   # gemv on the GPU form
     exercise(inf, {"x": feeds["x"][:1]})
 

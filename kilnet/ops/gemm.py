@@ -52,16 +52,16 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN, KC=K, split=False)
     local = (TN // RN, TM // RM, 1)
     groups = -(-M // TM) * -(-N // TN) * batch
-    # The slices' partial products are summed per output element by a column sum, so the output
-    # must be one contiguous M×N block (b is 0 at batch 1) with nothing to apply after the sum.
+    # The slices' partial products are summed per output element by a column sum that then
+    # applies the epilogue, so the output must be one contiguous M×N block (b is 0 at batch 1).
     contiguous = re.fullmatch(rf"(b\*\d+\+)?m\*{N}\+n", c_idx.replace(" ", ""))
-    split = _split(ctx, groups, K) if (batch == 1 and bias is None and z is None and contiguous
-                                       and act == "none") else 1
+    split = _split(ctx, groups, K) if batch == 1 and contiguous else 1
     if split == 1:
         glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch)
         return [kernel(step, "gemm", consts, buffers, glob, local)]
-    # Split-K: few output tiles but a long k (weight gradients summed over a large batch). Each
-    # z-slice sums one range of k into its own partial product; a column sum adds the slices.
+    # Split-K: few output tiles but a long k (dense layers at small batches, weight gradients
+    # summed over a large batch). Each z-slice sums one range of k into its own partial product;
+    # a column sum adds the slices and applies bias, activation and the stored pre-activation.
     kc = round_up(-(-K // split), TK)
     split = -(-K // kc)
     partial = ctx.scratch(f"{step}.partial", split * M * N)
@@ -69,10 +69,11 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     consts.update(KC=kc, split=True, a_idx=_macro_body(re.sub(r"\bb\b", "0", a_idx), "mkb"),
                   b_idx=_macro_body(re.sub(r"\bb\b", "0", b_idx), "knb"),
                   c_idx=_macro_body(f"b*{M * N} + m*{N} + n", "mnb"), accumulate=False,
-                  act=symbolic.forward_c("none"))
+                  act=symbolic.forward_c("none"), bias=False, store_z=False)
     glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
-    return [kernel(step, "gemm", consts, dict(buffers, out=partial), glob, local)] + column_sum(
-        ctx, f"{step}_reduce", rows=split, cols=M * N, src=partial, out=out, accumulate=accumulate)
+    return [kernel(step, "gemm", consts, {"a": a, "w": w, "out": partial}, glob, local)] + \
+        column_sum(ctx, f"{step}_reduce", rows=split, cols=M * N, src=partial, out=out,
+                   accumulate=accumulate, bias=bias, bias_period=N, act=act, z=z)
 
 
 def _macro_body(expr, params):
@@ -129,13 +130,20 @@ def _vector_gemm(step, consts, buffers, batch, vec):
     return [kernel(step, "gemm_vec", consts, buffers, (round_up(gx, lx), gy, batch), (lx, 1, 1))]
 
 
-def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False):
-    """out[n] (=|+=) Σ_r src[r·cols + n]: bias gradients and split-K partials.
+def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, bias_period=None,
+               act="none", z=None):
+    """out[n] (=|+=) act(Σ_r src[r·cols + n] + bias[n % bias_period]), keeping the sum in z:
+    bias gradients, and split-K partials with their product's epilogue.
 
     On a GPU, LY lanes of a work-group share each column's rows and meet in local memory; on a CPU
     one work-item walks a column (no barriers)."""
     LY = 1 if ctx.target.kind == "cpu" else min(16, pow2_at_least(-(-rows // 8), 16))
     LX = min(64 // LY, pow2_at_least(cols, 64 // LY))
-    consts = dict(R=rows, N=cols, LX=LX, LY=LY, accumulate=accumulate)
-    return [kernel(step, "column_sum", consts, {"src": src, "out": out},
-                   (round_up(cols, LX), LY), (LX, LY))]
+    consts = dict(R=rows, N=cols, LX=LX, LY=LY, accumulate=accumulate, bias=bias is not None,
+                  NB=bias_period or cols, store_z=z is not None, act=symbolic.forward_c(act))
+    buffers = {"src": src, "out": out}
+    if bias is not None:
+        buffers["bias"] = bias
+    if z is not None:
+        buffers["z"] = z
+    return [kernel(step, "column_sum", consts, buffers, (round_up(cols, LX), LY), (LX, LY))]
