@@ -141,15 +141,18 @@ def test_large_scores_do_not_overflow(monkeypatch, kind):
     assert np.abs(np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(dk)).max() > 200
 
 
-@pytest.mark.parametrize("U,kind", [(130, "cpu"), (520, "gpu")])
-def test_many_units(monkeypatch, U, kind):
+@pytest.mark.parametrize("U,dk,kind,staged", [(130, 2, "cpu", False), (520, 2, "gpu", True),
+                                              (140, 32, "gpu", False)])
+def test_many_units(monkeypatch, U, dk, kind, staged):
     """No local array bounded by 64 (the article's overflows for U > 64); float32 against the
-    float64 reference, with a user adjacency at 130."""
+    float64 reference, with a user adjacency at 130. On GPUs a head's K and V go to local
+    memory when they fit in 16 KiB (520 × 2), else each row reads them from global memory."""
     monkeypatch.setenv("KILNET_TARGET", kind)
     adjacency = user_adjacency(U, np.random.default_rng(U)) if U == 130 else None
-    g = attention_graph(U, 4, 1, 2, adjacency)
-    forward_check(g, 1, lambda x, P: graph_attention_ref(x, P, "att", 1, 2, adjacency),
-                  dtype="float32", rtol=1e-3, atol=1e-4)
+    g = attention_graph(U, 4, 1, dk, adjacency)
+    m = forward_check(g, 1, lambda x, P: graph_attention_ref(x, P, "att", 1, dk, adjacency),
+                      dtype="float32", rtol=1e-3, atol=1e-4)
+    assert ("__local real Vs" in m.source("att.forward_attention")) == staged
 
 
 # -- more gradients ------------------------------------------------------------------------

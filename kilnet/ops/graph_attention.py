@@ -41,10 +41,11 @@ import math
 import numpy as np
 
 from ..graph import graph_of
-from .base import Op, Param, int_attr, kernel, need, register, round_up
+from .base import Op, Param, int_attr, kernel, need, pow2_at_least, register, round_up
 from .gemm import gemm, linear, linear_backward
 
 LOCAL = 64
+STAGE_BYTES = 16384        # K and V of one head staged in local memory up to this size (GPUs)
 MAX_MASK_WORDS = 16384     # a user adjacency is a __constant bit mask: at most 64 KiB
 
 
@@ -133,8 +134,20 @@ class GraphAttention(Op):
                 mask[q, k // 32] |= np.uint64(1) << np.uint64(k % 32)
             bits = ", ".join(f"{int(v):#x}u" for v in mask.reshape(-1))
             connected = f"(int)((adj_bits[q * {words} + (k >> 5)] >> (k & 31)) & 1u)"
+        item = 8 if ctx.dtype == "double" else 4
+        staged = ctx.target.kind == "gpu" and 2 * U * DK * item <= STAGE_BYTES
         return dict(mode=mode, B=B, U=U, H=H, DK=DK, scale=repr(1.0 / math.sqrt(DK)),
-                    words=words, bits=bits, connected=connected)
+                    words=words, bits=bits, connected=connected, staged=staged,
+                    L=min(pow2_at_least(U, 256), 256))
+
+    def _attention(self, node, ctx, step, mode, buffers):
+        consts = self._consts(node, ctx, mode)
+        B, U, H = consts["B"], consts["U"], consts["H"]
+        if consts["staged"]:
+            L = consts["L"]
+            return kernel(step, "graph_attention", consts, buffers, (B * H * L,), (L,))
+        return kernel(step, "graph_attention", consts, buffers, (round_up(B * H * U, LOCAL),),
+                      (LOCAL,))
 
     def _buffers(self, node, ctx):
         B, U, W, H, DK, HD = self._dims(node, ctx)
@@ -150,10 +163,8 @@ class GraphAttention(Op):
         for p in ("q", "k", "v"):
             ks += linear(ctx, f"forward_{p}", rows=R, n_in=W, n_out=HD, x=ctx.x(0),
                          weight=ctx.p(f"{p}.weight"), out=s[p], bias=ctx.p(f"{p}.bias"))
-        rows = B * H * U
-        ks.append(kernel("forward_attention", "graph_attention", self._consts(node, ctx, "forward"),
-                         {"Q": s["q"], "K": s["k"], "V": s["v"], "P": s["p"], "O": s["o"]},
-                         (round_up(rows, LOCAL),), (LOCAL,)))
+        ks.append(self._attention(node, ctx, "forward_attention", "forward",
+                                  {"Q": s["q"], "K": s["k"], "V": s["v"], "P": s["p"], "O": s["o"]}))
         ks += linear(ctx, "forward_out", rows=R, n_in=2 * HD, n_out=W, x=s["o"],
                      weight=ctx.p("out.weight"), out=ctx.y, bias=ctx.p("out.bias"))
         return ks
@@ -168,10 +179,8 @@ class GraphAttention(Op):
         ks = linear_backward(ctx, "_out", rows=R, n_in=2 * HD, n_out=W, dz=ctx.dy, x=s["o"],
                              weight=ctx.p("out.weight"), dweight=ctx.dp("out.weight"),
                              dbias=ctx.dp("out.bias"), dx=do)
-        ks.append(kernel("backward_scores", "graph_attention",
-                         self._consts(node, ctx, "backward_scores"),
-                         {"V": s["v"], "P": s["p"], "dO": do, "dS": ds},
-                         (round_up(B * H * U, LOCAL),), (LOCAL,)))
+        ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
+                                  {"V": s["v"], "P": s["p"], "dO": do, "dS": ds}))
         # dQ = dS·K, dK = dSᵀ·Q, dV = A_conᵀ·dO_con + A_notᵀ·dO_not: products batched over
         # (sample, head) = z, with head h's columns of Q, K, V, dO picked by the index expressions.
         BH, BHUU = B * H, B * H * U * U
