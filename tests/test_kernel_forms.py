@@ -20,6 +20,8 @@ CASES = {
     "gemv3": (3, (300,), lambda x: kn.dense(x, 5, activation="sigmoid")),
     # 64×64 tiles with 4×4 register blocks, ragged at 70 and 66
     "large": (70, (5,), lambda x: kn.dense(kn.dense(x, 66, activation="tanh"), 67)),
+    # 128×128 tiles with 8×8 blocks (130 × 131) and 128×64 with 8×4 (130 × 67), both ragged
+    "huge": (130, (5,), lambda x: kn.dense(kn.dense(x, 131, activation="tanh"), 67)),
     "edges": (13, (3, 11), lambda x: kn.dense(kn.dense(x, 33, activation="gelu"), 17, bias=False)),
 }
 

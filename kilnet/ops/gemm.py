@@ -16,11 +16,17 @@ VEC_TILE_K = (4, 2)        # RM×RN vector accumulators in the k-vector form
 VEC_TILE_N_ROWS = 4        # rows per work-item in the n-vector form
 
 
-def tiles(M, N):
-    """(TM, TN, RM, RN): one row of 64 columns for tiny M; register blocks of 4×4 on 64×64 tiles
-    for large products, 2×2 on 32×32 (or 16) otherwise."""
+def tiles(M, N, compute_units=1):
+    """(TM, TN, RM, RN): one row of 64 columns for tiny M; for large products the biggest register
+    block that still gives half the compute units a work-group (8×8 on 128×128 tiles, 8×4 on
+    128×64, 4×4 on 64×64; measured on an H200: a 4096³ product 19.5 → 26.8 TFLOP/s, and 128×64
+    beat 128×128 for dense 1000 at batch 1024, where 128×128 leaves half the units idle); 2×2 on
+    32×32 (or 16) otherwise."""
     if M <= 8:
         return pow2_at_least(M, 8), 64, 1, 1
+    for TM, TN, RM, RN in ((128, 128, 8, 8), (128, 64, 8, 4)):
+        if M >= TM and N >= TN and 2 * -(-M // TM) * -(-N // TN) >= compute_units:
+            return TM, TN, RM, RN
     if M >= 64 and N >= 64:
         return 64, 64, 4, 4
     TM = 32 if M >= 32 else 16
@@ -48,7 +54,7 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     if M <= GEMV_ROWS and a_kfast and not b_nfast and not a_pred:
         L = min(128, pow2_at_least(K, 128))
         return [kernel(step, "gemv", dict(consts, L=L), buffers, (N * L, 1, batch), (L, 1, 1))]
-    TM, TN, RM, RN = tiles(M, N)
+    TM, TN, RM, RN = tiles(M, N, ctx.target.compute_units)
     consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN, KC=K, split=False)
     local = (TN // RN, TM // RM, 1)
     groups = -(-M // TM) * -(-N // TN) * batch
