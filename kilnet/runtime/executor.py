@@ -85,17 +85,22 @@ class Executor:
     def _alloc(self, poison):
         cl, plan = self.cl, self.plan
         flags = cl.mem_flags.READ_WRITE
+        # Under Oclgrind every buffer is exactly its size: Oclgrind checks each access against
+        # its allocation, reads included, which guards would hide.
+        self.guard = 0 if "oclgrind" in self.device.platform.name.lower() else GUARD
         if plan.debug_buffers:
             # Every buffer its own allocation, its data between two guards of SENTINEL: a write
             # just past either end changes a guard (checked after each launch); one further out
-            # leaves the allocation, which Oclgrind reports.
+            # leaves the allocation.
             self.sentinel = SENTINEL[self.np_dtype]
-            self.mems = {b.name: cl.Buffer(self.ctx, flags, (b.size + 2 * GUARD) * self.item)
+            g = self.guard
+            self.mems = {b.name: cl.Buffer(self.ctx, flags, max(b.size + 2 * g, 1) * self.item)
                          for b in plan.buffers.values()}
             for mem in self.mems.values():
-                cl.enqueue_fill_buffer(self.queue, mem, self.sentinel, 0, mem.size)
-                cl.enqueue_fill_buffer(self.queue, mem, self.np_dtype(0), GUARD * self.item,
-                                       mem.size - 2 * GUARD * self.item)
+                if g:
+                    cl.enqueue_fill_buffer(self.queue, mem, self.sentinel, 0, mem.size)
+                cl.enqueue_fill_buffer(self.queue, mem, self.np_dtype(0), g * self.item,
+                                       mem.size - 2 * g * self.item)
         else:
             self.mems = {role: cl.Buffer(self.ctx, flags, max(n, 1) * self.item)
                          for role, n in plan.arenas.items() if n}
@@ -112,7 +117,7 @@ class Executor:
         return self.mems[name if self.plan.debug_buffers else b.role]
 
     def _offset(self, name):
-        return GUARD if self.plan.debug_buffers else self.plan.buffers[name].offset
+        return self.guard if self.plan.debug_buffers else self.plan.buffers[name].offset
 
     def write(self, name, array):
         b = self.plan.buffers[name]
@@ -134,7 +139,7 @@ class Executor:
         """Enqueue ``launches`` in order; ``after(launch)`` (debug) runs after each one. With
         debug_buffers every launch is waited for and its buffers' guards checked."""
         enqueue = self.cl.enqueue_nd_range_kernel
-        if self.plan.debug_buffers:
+        if self.plan.debug_buffers and self.guard:
             then = after
 
             def after(launch):
@@ -149,7 +154,7 @@ class Executor:
                 after(launch)
 
     def _check_guards(self, launch):
-        cl, n, item = self.cl, GUARD, self.item
+        cl, n, item = self.cl, self.guard, self.item
         guards = []
         for arg, name in launch.buffers.items():
             mem = self.mems[name]
