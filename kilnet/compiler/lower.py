@@ -221,12 +221,14 @@ class Lowering:
         if self.debug_buffers:
             # Each buffer is its own allocation here, so each parameter gets its own launch.
             for full in self.params:
-                self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, bufs(full))])
+                self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, bufs(full),
+                                                         self.target.kind, self.dtype)])
         else:
             # One launch spans the whole arena: the first parameter sits at offset 0 in each of
             # the param, grad and moment arenas, and the padding between parameters stays zero.
             first = next(iter(self.params))
-            self.emit("optimizer", "optimizer", [opt.kernel(self.arenas["param"], bufs(first))])
+            self.emit("optimizer", "optimizer", [opt.kernel(self.arenas["param"], bufs(first),
+                                                            self.target.kind, self.dtype)])
 
     def liveness(self):
         """(first, last) forward step of each activation buffer, for inference-plan reuse."""
