@@ -1,7 +1,7 @@
 """activation: y = act(x) elementwise, with act and act' printed from sympy."""
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import Op, kernel, register, round_up
+from .base import Op, kernel, register, round_up, vector_width
 
 LOCAL = 64
 
@@ -11,13 +11,12 @@ def activation(x, kind, name=None):
     return graph_of(x, "activation").add("activation", [x], {"kind": kind}, name)
 
 
-VEC_BYTES = 32       # CPU form: one AVX register of elements per work-item
 
 
 def elementwise(ctx, step, n, buffers, expr, **consts):
     """One kernel over n elements. On CPUs each work-item takes a vector of V elements (PoCL's
     scalar exp/log are several times slower than its vector ones); the ragged end is scalar."""
-    V = VEC_BYTES // (8 if ctx.dtype == "double" else 4) if ctx.target.kind == "cpu" else 1
+    V = vector_width(ctx.target.kind, ctx.dtype)
     items = -(-n // V)
     consts = dict(N=n, V=V, expr=expr, vexpr=symbolic.vectorised(expr), **consts)
     return kernel(step, "activation", consts, buffers, (round_up(items, LOCAL),), (LOCAL,))

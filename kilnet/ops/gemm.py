@@ -7,11 +7,10 @@ function returns a list of kernels.
 import re
 
 from ..compiler import symbolic
-from .base import kernel, pow2_at_least, round_up
+from .base import kernel, pow2_at_least, round_up, vector_width
 
 TK = 16
 GEMV_ROWS = 4              # up to this many rows, a GPU product along k is a reduction per column
-VEC_BYTES = 32             # vector width of the CPU form: one AVX register (8 floats, 4 doubles)
 VEC_TILE_K = (4, 2)        # RM×RN vector accumulators in the k-vector form
 VEC_TILE_N_ROWS = 4        # rows per work-item in the n-vector form
 
@@ -50,7 +49,7 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     if z is not None:
         buffers["z"] = z
     if ctx.target.kind == "cpu":
-        return _vector_gemm(step, consts, buffers, batch, VEC_BYTES // (8 if ctx.dtype == "double" else 4))
+        return _vector_gemm(step, consts, buffers, batch, vector_width("cpu", ctx.dtype))
     if M <= GEMV_ROWS and a_kfast and not b_nfast and not a_pred:
         L = min(128, pow2_at_least(K, 128))
         return [kernel(step, "gemv", dict(consts, L=L), buffers, (N * L, 1, batch), (L, 1, 1))]

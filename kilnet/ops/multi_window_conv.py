@@ -31,8 +31,8 @@ in as constants). Rows are (sample, variable) pairs.
 from ..compiler import symbolic
 from ..graph import graph_of
 from .activation import scale_by_derivative
-from .gemm import VEC_BYTES
-from .base import GraphError, Op, Param, int_attr, kernel, need, pow2_at_least, register, round_up
+from .base import (GraphError, Op, Param, int_attr, kernel, need, pow2_at_least, register,
+                   round_up, vector_width)
 
 LOCAL = 64            # forward / input-gradient work-group size
 KT = 8                # taps per parameter-gradient unit (longer windows are cut into chunks)
@@ -96,7 +96,7 @@ class MultiWindowConv(Op):
         c = dict(mode=mode, form=ctx.target.kind, R=ctx.batch * V, T=T, P=P, O=O, F=F,
                  S=a["step"], wins=wins, WT=toff)
         if c["form"] == "cpu":
-            vmax = VEC_BYTES // (8 if ctx.dtype == "double" else 4)
+            vmax = vector_width("cpu", ctx.dtype)
             c["V"] = next(v for v in (8, 4, 2, 1) if v <= vmax and F % v == 0)
             c["ctype"] = ctx.dtype
         return c

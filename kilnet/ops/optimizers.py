@@ -6,11 +6,10 @@ that the runtime writes before each step, so no kernel argument is re-bound."""
 import math
 
 from ..errors import GraphError
-from .base import kernel, round_up
+from .base import kernel, round_up, vector_width
 
 LOCAL = 64
 CPU_LOCAL = 16             # work-items per group in the CPU form (measured best on PoCL)
-VEC_BYTES = 32             # the CPU form's vector: 8 floats or 4 doubles per work-item
 
 
 def _number(owner, key, v, lo, hi, lo_open=False, hi_open=False):
@@ -36,7 +35,7 @@ class Optimizer:
     def kernel(self, n, bufs, target_kind="gpu", dtype="float"):
         """On CPUs each work-item updates V neighbouring elements as one vector (PoCL runs the
         scalar form 2.6x slower: 12.7 vs 4.8 ms for Adam over 3.1 M floats on 2 EPYC cores)."""
-        V = VEC_BYTES // (8 if dtype == "double" else 4) if target_kind == "cpu" else 1
+        V = vector_width(target_kind, dtype)
         local = CPU_LOCAL if V > 1 else LOCAL
         consts = dict(kind=self.kind, N=n, V=V, **{k: repr(v) for k, v in self.config().items()})
         return kernel("update", "optimizer", consts, bufs, (round_up(-(-n // V), local),), (local,))
