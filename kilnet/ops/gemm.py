@@ -11,8 +11,10 @@ from .base import kernel, pow2_at_least, round_up, vector_width
 
 TK = 16
 GEMV_ROWS = 4              # up to this many rows, a GPU product along k is a reduction per column
-VEC_TILE_K = (4, 2)        # RM×RN vector accumulators in the k-vector form
-VEC_TILE_N_ROWS = 4        # rows per work-item in the n-vector form
+# CPU register blocks, chosen on PoCL (2-core EPYC) over W1 at batch 64 and W2 at batch 32
+# (benchmarks/vs_pytorch.py) among 4×2, 4×3, 2×4, 3×4, 4×4 and 4×1 … 8×1, 6×2:
+VEC_TILE_K = (4, 4)        # RM×RN vector accumulators in the k-vector form
+VEC_TILE_N = (6, 2)        # rows × vectors of columns per work-item in the n-vector form
 
 
 def tiles(M, N, compute_units=1):
@@ -126,10 +128,14 @@ def _vector_gemm(step, consts, buffers, batch, vec):
     kvec = consts["a_kfast"] and not consts["b_nfast"] and not consts["a_pred"]
     if kvec:
         RM, RN = VEC_TILE_K
+        if M < RM:                     # a row repeated past the edge is wasted work
+            RM, RN = M, RM * RN // M
         consts.update(form="kvec", V=vec, RM=RM, RN=RN)
     else:
         assert consts["b_nfast"], "n-vector form needs B contiguous in n"
-        consts.update(form="nvec", V=vec, RM=VEC_TILE_N_ROWS, RN=vec)
+        RM, NV = VEC_TILE_N
+        NV = min(NV, -(-N // vec))
+        consts.update(form="nvec", V=vec, RM=RM, NV=NV, RN=NV * vec)
     gx, gy = -(-N // consts["RN"]), -(-M // consts["RM"])
     lx = min(16, pow2_at_least(gx, 16))
     return [kernel(step, "gemm_vec", consts, buffers, (round_up(gx, lx), gy, batch), (lx, 1, 1))]
