@@ -134,7 +134,7 @@ def _vector_gemm(step, consts, buffers, batch, vec):
     else:
         assert consts["b_nfast"], "n-vector form needs B contiguous in n"
         RM, NV = VEC_TILE_N
-        NV = min(NV, -(-N // vec))
+        RM, NV = min(RM, M), min(NV, -(-N // vec))
         consts.update(form="nvec", V=vec, RM=RM, NV=NV, RN=NV * vec)
     gx, gy = -(-N // consts["RN"]), -(-M // consts["RM"])
     lx = min(16, pow2_at_least(gx, 16))
