@@ -1,0 +1,104 @@
+"""The same graphs on two OpenCL devices: do they agree to float32 rounding? (issue 6)
+
+    python benchmarks/devices_agree.py                     # PoCL against the first GPU
+    python benchmarks/devices_agree.py --a pocl --b nvidia --steps 3
+
+For every example model (examples/*.py ``build_graph``) and the benchmark workloads W1-W3
+(benchmarks/vs_pytorch.py): compile on both devices in float32 with the same seed, then compare
+the inference output, the training loss and every gradient of one batch, and every parameter after
+``--steps`` Adam steps. Each compiles to its device's kernel form (vector kernels on a CPU, local
+memory tiles on a GPU), so this also checks the two forms against each other on real hardware.
+A difference is max |a - b| / max |b| over one array; a model passes when every one is below
+``--tol`` (default 1e-3: float32 sums of up to ~4096 terms taken in different orders).
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "examples"), HERE]
+
+import kilnet as kn  # noqa: E402
+
+
+def graphs():
+    import batchnorm_mlp
+    import distq_learning
+    import forecast
+    import gte_encoder
+    import qnet
+    import two_spirals
+    import vs_pytorch as vs
+    out = {"two_spirals": two_spirals.build_graph(), "qnet": qnet.build_graph(),
+           "distq_learning": distq_learning.build_graph(), "forecast": forecast.build_graph(),
+           "gte_encoder": gte_encoder.build_graph(), "batchnorm_mlp": batchnorm_mlp.build_graph()}
+    for key, (label, build, *_rest) in vs.WORKLOADS.items():
+        out[f"{key}_{label}"] = build()[0]
+    return out
+
+
+def data(g, batch, rng):
+    feeds = {n: rng.standard_normal((batch,) + v.shape) for n, v in g.inputs.items()}
+    targets = {}
+    for n, v in g.outputs.items():
+        t = rng.random((batch,) + v.shape)
+        if v.op == "softmax":                   # cross-entropy wants distributions per head
+            h = v.attrs["heads"]
+            t = t.reshape(batch, h, -1)
+            t = (t / t.sum(-1, keepdims=True)).reshape((batch,) + v.shape)
+        targets[n] = t
+    return feeds, targets
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    scale = max(np.abs(b).max(initial=0.0), 1e-30)
+    return float(np.abs(a - b).max(initial=0.0) / scale)
+
+
+def compare(g, dev_a, dev_b, batch, steps):
+    losses = {n: "cross_entropy" if v.op == "softmax" else "mse" for n, v in g.outputs.items()}
+    feeds, targets = data(g, batch, np.random.default_rng(0))
+    worst = {}
+    models = [kn.compile(g, batch=batch, loss=losses, optimizer=kn.Adam(1e-3), device=d, seed=0)
+              for d in (dev_a, dev_b)]
+    ma, mb = models
+    fa, fb = ma.forward(feeds), mb.forward(feeds)
+    worst["forward"] = max(rel(fa[k], fb[k]) for k in fa)
+    ga, gb = ma.gradients(feeds, targets), mb.gradients(feeds, targets)
+    worst["loss"] = rel(ga.loss, gb.loss)
+    worst["gradients"] = max(rel(ga[k], gb[k]) for k in ga)
+    for _ in range(steps):
+        for m in models:
+            m.train_step(feeds, targets)
+    worst["params"] = max(rel(ma.params[k], mb.params[k]) for k in ma.params)
+    return worst, ma.device.name.strip(), mb.device.name.strip()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--a", default="pocl")
+    ap.add_argument("--b", default="gpu")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--tol", type=float, default=1e-3)
+    a = ap.parse_args(argv)
+    failed = 0
+    print(f"{'model':<16}{'forward':>10}{'loss':>10}{'gradients':>11}{'params':>10}  verdict")
+    for name, g in graphs().items():
+        worst, da, db = compare(g, a.a, a.b, a.batch, a.steps)
+        ok = max(worst.values()) < a.tol
+        failed += not ok
+        print(f"{name:<16}" + "".join(f"{worst[k]:>{w}.1e}" for k, w in
+                                       (("forward", 10), ("loss", 10), ("gradients", 11),
+                                        ("params", 10))) + f"  {'ok' if ok else 'DIFFERS'}",
+              flush=True)
+    print(f"devices: {da} vs {db}; float32, batch {a.batch}, {a.steps} Adam steps; largest |a-b| "
+          f"over largest |b| per array; tolerance {a.tol:g}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
