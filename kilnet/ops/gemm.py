@@ -18,13 +18,14 @@ VEC_TILE_N = (6, 2)        # rows × vectors of columns per work-item in the n-v
 
 
 def tiles(M, N, compute_units=1):
-    """(TM, TN, RM, RN): one row of 64 columns for tiny M; for large products the biggest register
+    """(TM, TN, RM, RN): a row per lane for tiny M; for large products the biggest register
     block that still gives half the compute units a work-group (8×8 on 128×128 tiles, 8×4 on
     128×64, 4×4 on 64×64; measured on an H200: a 4096³ product 19.5 → 26.8 TFLOP/s, and 128×64
     beat 128×128 for dense 1000 at batch 1024, where 128×128 leaves half the units idle); 2×2 on
     32×32 (or 16) otherwise."""
-    if M <= 8:
-        return pow2_at_least(M, 8), 64, 1, 1
+    if M <= 8:     # 256 threads at most: NVIDIA allows no more for these kernels' registers
+        TM = pow2_at_least(M, 8)
+        return TM, min(64, 256 // TM), 1, 1
     for TM, TN, RM, RN in ((128, 128, 8, 8), (128, 64, 8, 4)):
         if M >= TM and N >= TN and 2 * -(-M // TM) * -(-N // TN) >= compute_units:
             return TM, TN, RM, RN
