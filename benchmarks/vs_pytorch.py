@@ -401,6 +401,31 @@ def run_forward(key, device, torch, dev, steps, warmup, peaks):
     return row
 
 
+COMPILE = """
+import sys, time
+sys.path.insert(0, {here!r})
+import kilnet as kn, vs_pytorch as vs
+g, loss, _ = vs.w1_graph()
+t = time.perf_counter()
+kn.compile(g, batch=64, optimizer=kn.Adam(), loss=loss, device={device!r})
+print(time.perf_counter() - t)
+"""
+
+
+def compile_times(device):
+    """Seconds to compile W1 (batch 64, training) in a fresh process: with empty kernel caches
+    (pyopencl's, PoCL's and NVIDIA's, all pointed at a new folder), then again with them warm."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, XDG_CACHE_HOME=tmp, POCL_CACHE_DIR=os.path.join(tmp, "pocl"),
+                   CUDA_CACHE_PATH=os.path.join(tmp, "nv"))
+        code = COMPILE.format(here=os.path.dirname(os.path.abspath(__file__)), device=device)
+        return [float(subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                     capture_output=True, text=True).stdout.split()[-1])
+                for _ in ("cold", "warm")]
+
+
 def floor_ms(flops, bytes_, peaks):
     if not peaks or "bandwidth" not in peaks:
         return flops / peaks["peak"] * 1e3 if peaks else None
@@ -485,6 +510,9 @@ def main(argv=None):
     peaks = measure_peaks(torch, dev, a.device, a.gemm, 3 if not gpu else 10) if a.gemm else {}
     if peaks:
         gemm_line(peaks, print)
+    cold, warm = compile_times(a.device)
+    print(f"compile W1 (batch 64, training) in a fresh process: cold caches {cold:.2f} s, "
+          f"warm (disk-cached kernels) {warm:.2f} s", flush=True)
     cols = columns(gpu and torch is not None)
     header(cols, print)
     for key in a.only.split(","):
