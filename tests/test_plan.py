@@ -361,3 +361,34 @@ def test_gradient_of_a_value_with_several_consumers_is_summed(build):
             feeds["x"][i] += sign * eps
             num[i] += sign * loss() / (2 * eps)
     np.testing.assert_allclose(grads["x"], num, rtol=1e-6, atol=1e-8, err_msg="x")
+
+
+def test_single_consumer_applies_the_layers_derivative():
+    """A layer whose output gradient has one writer gets act' applied by that writer's product
+    (no backward_activation launch of its own); with two writers it scales its gradient itself."""
+    g = kn.Graph("fuse")
+    x = g.input("x", (6,))
+    a = kn.dense(x, 8, activation="tanh", name="a")                 # one consumer: b
+    b = kn.dense(a, 5, activation="relu", name="b")                 # fan-out: c and d
+    c, d = kn.dense(b, 3, name="c"), kn.dense(b, 3, name="d")
+    g.output("y", kn.concat(c, d))
+    m = kn.compile(g, batch=3, loss="mse", dtype="float64")
+    names = {k.name for k in m.kernels}
+    assert "a.backward_activation" not in names and "zin" in m.source("b.backward_input")
+    assert "b.backward_activation" in names
+    # the same gradients as an independent float64 computation
+    rng = np.random.default_rng(0)
+    P = {k: m.params[k] for k in m.params}
+    xs, t = rng.standard_normal((3, 6)), rng.standard_normal((3, 6))
+    za = xs @ P["a.weight"].T + P["a.bias"]
+    ya = np.tanh(za)
+    zb = ya @ P["b.weight"].T + P["b.bias"]
+    yb = np.maximum(zb, 0)
+    y = np.concatenate([yb @ P["c.weight"].T + P["c.bias"], yb @ P["d.weight"].T + P["d.bias"]], 1)
+    dy = 2 * (y - t) / y.size
+    dyb = dy[:, :3] @ P["c.weight"] + dy[:, 3:] @ P["d.weight"]
+    dzb = dyb * (zb > 0)
+    dza = (dzb @ P["b.weight"]) * (1 - ya ** 2)
+    grads = m.gradients({"x": xs}, {"y": t})
+    np.testing.assert_allclose(grads["a.weight"], dza.T @ xs, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(grads["b.weight"], dzb.T @ ya, rtol=1e-12, atol=1e-15)

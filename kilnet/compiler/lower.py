@@ -62,6 +62,22 @@ class Context:
     def acc(self, i):
         return self._acc.get(i, False)
 
+    def dx_scale(self, i):
+        """(activation, pre-activation buffer) when input i's gradient has this node as its
+        only writer and belongs to a layer that keeps its pre-activation: the caller applies
+        act' as it stores dx, and that layer skips its own scaling launch. None otherwise."""
+        r = root(self.node.inputs[i])
+        z = names.scratch(r.name, "z")
+        if (self.dx(i) is None or self.acc(i) or self._l.writers.get(r.name) != 1
+                or r.attrs.get("activation", "none") == "none" or z not in self._l.buffers):
+            return None
+        self._l.prescaled.add(r.name)
+        return r.attrs["activation"], z
+
+    @property
+    def dy_prescaled(self):
+        return root(self.node).name in self._l.prescaled
+
 
 class Lowering:
     def __init__(self, graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target):
@@ -167,6 +183,18 @@ class Lowering:
     def backward(self):
         wants = self.wants_grad()
         written = set()          # gradient storages (by root name) that hold a contribution
+        # How many writers each gradient storage will have: one per (consumer, input) of a
+        # non-view node, one per loss on an output.
+        self.writers, self.prescaled = {}, set()
+        for node in self.graph.nodes:
+            if node.op != "input" and not get_op(node.op).is_view:
+                for inp in node.inputs:
+                    if wants[inp.name]:
+                        self.writers[root(inp).name] = self.writers.get(root(inp).name, 0) + 1
+        for out_name in self.loss:
+            node = self.graph.outputs[out_name]
+            r = root(node.inputs[0] if self.loss[out_name] == "cross_entropy" else node).name
+            self.writers[r] = self.writers.get(r, 0) + 1
 
         def contribute(ctx, i, inp):
             if wants[inp.name]:

@@ -66,7 +66,8 @@ class Conv1d(Op):
                        w=ctx.p("weight"), out=ctx.dx(0),
                        a_idx=f"b*{Uo * F} + ({u}/{S})*{F} + k%{F}", a_pred=pred,
                        b_idx=f"(k%{F})*{W * C} + (k/{F})*{C} + n", c_idx=f"b*{U * C} + m*{C} + n",
-                       a_kfast=True, b_nfast=True, accumulate=ctx.acc(0))
+                       a_kfast=True, b_nfast=True, accumulate=ctx.acc(0),
+                       dscale=ctx.dx_scale(0))
         # dW[f, (j, c)] = Σ_{b, u} dZ[b, u, f]·x[b, u·S + j, c]: a GEMM over k = (b, u).
         ks += gemm(ctx, "backward_weight", M=F, N=W * C, K=B * Uo, a=ctx.dy, w=ctx.x(0),
                    out=ctx.dp("weight"), a_idx=f"k*{F} + m",

@@ -49,4 +49,4 @@ class Dense(Op):
         return ks + linear_backward(ctx, rows=B, n_in=I, n_out=U, dz=ctx.dy, x=ctx.x(0),
                                     weight=ctx.p("weight"), dweight=ctx.dp("weight"),
                                     dbias=ctx.dp("bias") if node.attrs["bias"] else None,
-                                    dx=ctx.dx(0), accumulate=ctx.acc(0))
+                                    dx=ctx.dx(0), accumulate=ctx.acc(0), dx_scale=ctx.dx_scale(0))

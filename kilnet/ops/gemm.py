@@ -37,23 +37,31 @@ def tiles(M, N, compute_units=1):
 
 
 def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast, batch=1,
-         a_pred=None, bias=None, act="none", z=None, accumulate=False):
+         a_pred=None, bias=None, act="none", z=None, accumulate=False, dscale=None):
     """out[C_IDX] (=|+=) act(bias[n] + Σ_k a[A_IDX]·w[B_IDX]), keeping the pre-activation in z.
+
+    dscale=(kind, zin): an input gradient that is the only contribution to a layer's output
+    gradient is multiplied by that layer's act'(zin) as it is stored, so the layer needs no
+    launch of its own for it (Context.dx_scale).
 
     a_kfast: A is contiguous in k (else in m); b_nfast: B is contiguous in n (else in k).
     """
     consts = dict(M=M, N=N, K=K, a_idx=_macro_body(a_idx, "mkb"), b_idx=_macro_body(b_idx, "knb"),
                   c_idx=_macro_body(c_idx, "mnb"), a_kfast=a_kfast,
                   b_nfast=b_nfast, a_pred=a_pred, bias=bias is not None, store_z=z is not None,
-                  act=symbolic.forward_c(act), accumulate=accumulate)
+                  act=symbolic.forward_c(act), accumulate=accumulate, dscale=dscale is not None)
     buffers = {"a": a, "w": w, "out": out}
+    if dscale is not None:
+        assert not accumulate and act == "none" and bias is None
+        consts["dact"] = symbolic.derivative_c(dscale[0], "zz")
+        buffers["zin"] = dscale[1]
     if bias is not None:
         buffers["bias"] = bias
     if z is not None:
         buffers["z"] = z
     if ctx.target.kind == "cpu":
         return _vector_gemm(step, consts, buffers, batch, vector_width("cpu", ctx.dtype))
-    if M <= GEMV_ROWS and a_kfast and not b_nfast and not a_pred:
+    if M <= GEMV_ROWS and a_kfast and not b_nfast and not a_pred and dscale is None:
         L = min(128, pow2_at_least(K, 128))
         return [kernel(step, "gemv", dict(consts, L=L), buffers, (N * L, 1, batch), (L, 1, 1))]
     TM, TN, RM, RN = tiles(M, N, ctx.target.compute_units)
@@ -77,11 +85,11 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     consts.update(KC=kc, split=True, a_idx=_macro_body(re.sub(r"\bb\b", "0", a_idx), "mkb"),
                   b_idx=_macro_body(re.sub(r"\bb\b", "0", b_idx), "knb"),
                   c_idx=_macro_body(f"b*{M * N} + m*{N} + n", "mnb"), accumulate=False,
-                  act=symbolic.forward_c("none"), bias=False, store_z=False)
+                  act=symbolic.forward_c("none"), bias=False, store_z=False, dscale=False)
     glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
     return [kernel(step, "gemm", consts, {"a": a, "w": w, "out": partial}, glob, local)] + \
         column_sum(ctx, f"{step}_reduce", rows=split, cols=M * N, src=partial, out=out,
-                   accumulate=accumulate, bias=bias, bias_period=N, act=act, z=z)
+                   accumulate=accumulate, bias=bias, bias_period=N, act=act, z=z, dscale=dscale)
 
 
 def _macro_body(expr, params):
@@ -106,7 +114,7 @@ def linear(ctx, step, *, rows, n_in, n_out, x, weight, out, bias=None, act="none
 
 
 def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight, dbias=None,
-                    dx=None, accumulate=False):
+                    dx=None, accumulate=False, dx_scale=None):
     """The gradients of ``linear`` from dz = ∂L/∂(pre-activation): dx (=|+=) dz·W (when dx is
     wanted), dW = dzᵀ·x, db = Σ_r dz. Steps: backward_input<suffix>, backward<suffix>_weight,
     backward<suffix>_bias."""
@@ -114,7 +122,7 @@ def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight
     if dx is not None:
         ks += gemm(ctx, f"backward_input{suffix}", M=rows, N=n_in, K=n_out, a=dz, w=weight, out=dx,
                    a_idx=f"m*{n_out} + k", b_idx=f"k*{n_in} + n", c_idx=f"m*{n_in} + n",
-                   a_kfast=True, b_nfast=True, accumulate=accumulate)
+                   a_kfast=True, b_nfast=True, accumulate=accumulate, dscale=dx_scale)
     ks += gemm(ctx, f"backward{suffix}_weight", M=n_out, N=n_in, K=rows, a=dz, w=x, out=dweight,
                a_idx=f"k*{n_out} + m", b_idx=f"k*{n_in} + n", c_idx=f"m*{n_in} + n",
                a_kfast=False, b_nfast=True)
@@ -143,7 +151,7 @@ def _vector_gemm(step, consts, buffers, batch, vec):
 
 
 def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, bias_period=None,
-               act="none", z=None):
+               act="none", z=None, dscale=None):
     """out[n] (=|+=) act(Σ_r src[r·cols + n] + bias[n % bias_period]), keeping the sum in z:
     bias gradients, and split-K partials with their product's epilogue.
 
@@ -152,10 +160,14 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
     LY = 1 if ctx.target.kind == "cpu" else min(16, pow2_at_least(-(-rows // 8), 16))
     LX = min(64 // LY, pow2_at_least(cols, 64 // LY))
     consts = dict(R=rows, N=cols, LX=LX, LY=LY, accumulate=accumulate, bias=bias is not None,
-                  NB=bias_period or cols, store_z=z is not None, act=symbolic.forward_c(act))
+                  NB=bias_period or cols, store_z=z is not None, act=symbolic.forward_c(act),
+                  dscale=dscale is not None)
     buffers = {"src": src, "out": out}
     if bias is not None:
         buffers["bias"] = bias
     if z is not None:
         buffers["z"] = z
+    if dscale is not None:
+        consts["dact"] = symbolic.derivative_c(dscale[0], "zz")
+        buffers["zin"] = dscale[1]
     return [kernel(step, "column_sum", consts, buffers, (round_up(cols, LX), LY), (LX, LY))]
