@@ -3,7 +3,6 @@ rule on hand-made cases, a tiny end-to-end run, and the CSV reader on good and m
 import importlib.util
 import math
 import os
-import sys
 
 import numpy as np
 import pytest

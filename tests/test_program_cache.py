@@ -1,7 +1,6 @@
 """The on-disk binary cache of kilnet/runtime/program.py: a source's first build leaves a marker,
 its second saves the binary, later ones load it; a damaged entry is rebuilt, an unwritable cache
 only costs time."""
-import os
 
 import numpy as np
 import pytest
