@@ -413,8 +413,9 @@ print(time.perf_counter() - t)
 
 
 def compile_times(device):
-    """Seconds to compile W1 (batch 64, training) in a fresh process: with empty kernel caches
-    (pyopencl's, PoCL's and NVIDIA's, all pointed at a new folder), then again with them warm."""
+    """Seconds to compile W1 (batch 64, training) in three fresh processes sharing new, empty
+    kernel caches (kilnet's, PoCL's and NVIDIA's): cold; second (kilnet saves the binaries, which
+    costs PoCL a native compile of each kernel); warm (every kernel from its binary)."""
     import subprocess
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
@@ -423,7 +424,7 @@ def compile_times(device):
         code = COMPILE.format(here=os.path.dirname(os.path.abspath(__file__)), device=device)
         return [float(subprocess.run([sys.executable, "-c", code], env=env, check=True,
                                      capture_output=True, text=True).stdout.split()[-1])
-                for _ in ("cold", "warm")]
+                for _ in ("cold", "second", "warm")]
 
 
 def floor_ms(flops, bytes_, peaks):
@@ -471,6 +472,14 @@ def gemm_line(p, out):
     out(line, flush=True)
 
 
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -503,16 +512,18 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
-    print(f"# kilnet {kn.__version__ if hasattr(kn, '__version__') else ''} vs PyTorch "
-          f"{torch.__version__ if torch else '-'} on {probe.device.name.strip()} "
-          f"({'CUDA ' + torch.cuda.get_device_name() if torch and gpu else 'CPU: ' + platform.processor() + f', {os.cpu_count()} cores'})"
-          f", {datetime.date.today()}, {a.steps} timed calls per side after {a.warmup} warm-up")
+    host = (f"CUDA {torch.cuda.get_device_name()}" if torch is not None and gpu
+            else f"CPU: {cpu_name()}, {os.cpu_count()} cores")
+    print(f"# kilnet {getattr(kn, '__version__', '')} vs PyTorch "
+          f"{torch.__version__ if torch is not None else '-'} on {probe.device.name.strip()} "
+          f"({host}), {datetime.date.today()}, {a.steps} timed calls per side after {a.warmup} "
+          f"warm-up", flush=True)
     peaks = measure_peaks(torch, dev, a.device, a.gemm, 3 if not gpu else 10) if a.gemm else {}
     if peaks:
         gemm_line(peaks, print)
-    cold, warm = compile_times(a.device)
-    print(f"compile W1 (batch 64, training) in a fresh process: cold caches {cold:.2f} s, "
-          f"warm (disk-cached kernels) {warm:.2f} s", flush=True)
+    cold, second, warm = compile_times(a.device)
+    print(f"compile W1 (batch 64, training) in a fresh process: cold caches {cold:.2f} s, second "
+          f"(saving binaries) {second:.2f} s, warm (from binaries) {warm:.2f} s", flush=True)
     cols = columns(gpu and torch is not None)
     header(cols, print)
     for key in a.only.split(","):
