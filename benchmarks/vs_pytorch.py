@@ -200,8 +200,7 @@ class TorchSide:
         self.graph = None
 
     def sync(self):
-        if self.dev != "cpu":
-            self.torch.cuda.synchronize()
+        sync(self.torch, self.dev)
 
     def _up(self, arrays):
         return [self.torch.from_numpy(np.asarray(a, np.float32)).to(self.dev) for a in arrays]

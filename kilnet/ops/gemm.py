@@ -46,19 +46,11 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
 
     a_kfast: A is contiguous in k (else in m); b_nfast: B is contiguous in n (else in k).
     """
+    assert dscale is None or (not accumulate and act == "none" and bias is None)
     consts = dict(M=M, N=N, K=K, a_idx=_macro_body(a_idx, "mkb"), b_idx=_macro_body(b_idx, "knb"),
-                  c_idx=_macro_body(c_idx, "mnb"), a_kfast=a_kfast,
-                  b_nfast=b_nfast, a_pred=a_pred, bias=bias is not None, store_z=z is not None,
-                  act=symbolic.forward_c(act), accumulate=accumulate, dscale=dscale is not None)
+                  c_idx=_macro_body(c_idx, "mnb"), a_kfast=a_kfast, b_nfast=b_nfast, a_pred=a_pred)
     buffers = {"a": a, "w": w, "out": out}
-    if dscale is not None:
-        assert not accumulate and act == "none" and bias is None
-        consts["dact"] = symbolic.derivative_c(dscale[0], "zz")
-        buffers["zin"] = dscale[1]
-    if bias is not None:
-        buffers["bias"] = bias
-    if z is not None:
-        buffers["z"] = z
+    _epilogue(consts, buffers, accumulate, bias, act, z, dscale)
     if ctx.target.kind == "cpu":
         return _vector_gemm(step, consts, buffers, batch, vector_width("cpu", ctx.dtype))
     if M <= GEMV_ROWS and a_kfast and not b_nfast and not a_pred and dscale is None:
@@ -84,12 +76,25 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     # The z-index now names a slice, and the one batch entry is entry 0.
     consts.update(KC=kc, split=True, a_idx=_macro_body(re.sub(r"\bb\b", "0", a_idx), "mkb"),
                   b_idx=_macro_body(re.sub(r"\bb\b", "0", b_idx), "knb"),
-                  c_idx=_macro_body(f"b*{M * N} + m*{N} + n", "mnb"), accumulate=False,
-                  act=symbolic.forward_c("none"), bias=False, store_z=False, dscale=False)
+                  c_idx=_macro_body(f"b*{M * N} + m*{N} + n", "mnb"))
+    slices = {"a": a, "w": w, "out": partial}
+    _epilogue(consts, slices, False, None, "none", None, None)
     glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
-    return [kernel(step, "gemm", consts, {"a": a, "w": w, "out": partial}, glob, local)] + \
+    return [kernel(step, "gemm", consts, slices, glob, local)] + \
         column_sum(ctx, f"{step}_reduce", rows=split, cols=M * N, src=partial, out=out,
                    accumulate=accumulate, bias=bias, bias_period=N, act=act, z=z, dscale=dscale)
+
+
+def _epilogue(consts, buffers, accumulate, bias, act, z, dscale):
+    """The constants and buffers that templates/epilogue.cl.j2 reads."""
+    consts.update(accumulate=accumulate, bias=bias is not None, store_z=z is not None,
+                  act=symbolic.forward_c(act), dscale=dscale is not None)
+    for name, buf in (("bias", bias), ("z", z), ("zin", dscale and dscale[1])):
+        if buf is not None:
+            buffers[name] = buf
+    consts.pop("dact", None)
+    if dscale is not None:
+        consts["dact"] = symbolic.derivative_c(dscale[0], "zz")
 
 
 def _macro_body(expr, params):
@@ -159,15 +164,7 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
     one work-item walks a column (no barriers)."""
     LY = 1 if ctx.target.kind == "cpu" else min(16, pow2_at_least(-(-rows // 8), 16))
     LX = min(64 // LY, pow2_at_least(cols, 64 // LY))
-    consts = dict(R=rows, N=cols, LX=LX, LY=LY, accumulate=accumulate, bias=bias is not None,
-                  NB=bias_period or cols, store_z=z is not None, act=symbolic.forward_c(act),
-                  dscale=dscale is not None)
+    consts = dict(R=rows, N=cols, LX=LX, LY=LY, NB=bias_period or cols)
     buffers = {"src": src, "out": out}
-    if bias is not None:
-        buffers["bias"] = bias
-    if z is not None:
-        buffers["z"] = z
-    if dscale is not None:
-        consts["dact"] = symbolic.derivative_c(dscale[0], "zz")
-        buffers["zin"] = dscale[1]
+    _epilogue(consts, buffers, accumulate, bias, act, z, dscale)
     return [kernel(step, "column_sum", consts, buffers, (round_up(cols, LX), LY), (LX, LY))]
