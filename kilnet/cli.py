@@ -17,6 +17,8 @@ import importlib.util
 import os
 import sys
 
+from .errors import KilnetError
+
 USAGE_ERROR = 2
 
 
@@ -26,21 +28,36 @@ class UsageError(Exception):
 
 # -- devices --------------------------------------------------------------------------------
 def cmd_devices(args):
-    from .runtime.device import devices
-    rows = devices()
+    from .runtime.device import devices, select
+    rows = devices(check=True)
     if not rows:
         print("OpenCL reports no device")
         return 1
-    head = ("id", "platform", "device", "type", "units", "memory", "local", "max wg", "fp64")
-    table = [head] + [(d["id"], d["platform"], d["device"], d["type"], str(d["compute_units"]),
-                       f"{d['global_mem_mb']} MiB", f"{d['local_mem_kb']} KiB",
-                       str(d["max_work_group_size"]), "yes" if d["fp64"] else "no") for d in rows]
+    head = ("id", "impl", "platform", "device", "type", "driver", "units", "memory", "local",
+            "max wg", "fp64", "builds kernels")
+    table = [head] + [(d["id"], d["implementation"], d["platform"], d["device"], d["type"],
+                       d["driver"], str(d["compute_units"]), f"{d['global_mem_mb']} MiB",
+                       f"{d['local_mem_kb']} KiB", str(d["max_work_group_size"]),
+                       "yes" if d["fp64"] else "no", "yes" if d["builds"] is None else "NO")
+                      for d in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     for r in table:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    for d in rows:
+        if d["builds"] is not None:
+            print(f"\ndevice {d['id']} ({d['implementation']}) cannot build kernels: {d['builds']}")
     chosen = os.environ.get("KILNET_DEVICE")
     print(f"\nKILNET_DEVICE={chosen!r}" if chosen else
-          "\nKILNET_DEVICE is not set: models take the first GPU, else the first device above")
+          "\nKILNET_DEVICE is not set: models take the first GPU that builds kernels, else the best "
+          "CPU implementation that does (intel, then pocl)")
+    try:
+        dev = select(None)
+    except KilnetError as e:
+        print(f"default device: none\n{e}")
+        return 1
+    ident = next(d["id"] for d in rows if d["device"] == dev.name.strip()
+                 and d["platform"] == dev.platform.name.strip())
+    print(f"default device: {ident} {dev.platform.name.strip()}: {dev.name.strip()}")
     return 0
 
 
@@ -183,7 +200,6 @@ def parser():
 
 
 def main(argv=None):
-    from .errors import KilnetError
     ap = parser()
     args, rest = ap.parse_known_args(argv)
     if args.command == "bench":

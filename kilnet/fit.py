@@ -91,11 +91,15 @@ def _pair(item, step):
 def _describe(report):
     if report is None or report["node"] is None:
         return "re-running the step's forward launches one at a time found no non-finite output"
-    where = "an input" if report["kernel"] is None else f"node {report['node']!r}"
+    loss = report["op"] == "loss"
+    where = ("an input" if report["kernel"] is None else
+             f"the loss {report['node']!r}" if loss else f"node {report['node']!r}")
     lines = [f"the first non-finite output is {where}"
              + (f" (launch {report['launch']}, kernel {report['kernel']}, op {report['op']})"
                 if report["kernel"] else "")
-             + f": {report['non_finite']} of {report['size']} values non-finite"]
+             + f": {report['non_finite']} of {report['size']} values non-finite"
+             + ("; every node's output was finite, so the loss of finite values overflowed"
+                if loss and all(r["non_finite"] == 0 for r in report["inputs"].values()) else "")]
     for name, r in report["inputs"].items():
         lines.append(f"  input {name}: min {r['min']:.4g}, max {r['max']:.4g}, "
                      f"{r['non_finite']} non-finite")

@@ -135,11 +135,20 @@ def test_a_huge_learning_rate_diverges_and_is_stopped():
     err = e.value
     assert err.step > 1 and err.history.steps == err.step - 1
     assert all(math.isfinite(v) for v in err.history.losses)
-    # the node named really is the first with a non-finite output on that batch
+    # The first non-finite value depends on the implementation's rounding, and both answers are
+    # right: on PoCL a gradient that is exactly zero in theory (the hidden bias before batch norm)
+    # stays zero, the large steps reach `hidden` and its output overflows first; on Intel's runtime
+    # it is 1e-8 rather than 0, the tanh saturates instead, every node stays finite, and the mean
+    # of squares of outputs near 5e20 overflows in the loss.
     report = err.report
-    assert report is not None and report["node"] in {n.name for n in m.graph.nodes}
-    assert report["non_finite"] > 0
-    assert "first non-finite output is node" in str(err)
+    assert report is not None and report["non_finite"] > 0
+    if report["op"] == "loss":
+        assert report["node"] == "loss.y" and report["params"] == []
+        assert all(r["non_finite"] == 0 for r in report["inputs"].values())   # it overflowed
+        assert "the loss of finite values overflowed" in str(err)
+    else:
+        assert report["node"] in {n.name for n in m.graph.nodes}
+        assert f"first non-finite output is node {report['node']!r}" in str(err)
 
 
 def test_first_non_finite_is_none_on_a_healthy_model_and_flags_bad_feeds(model):

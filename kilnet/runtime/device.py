@@ -1,13 +1,61 @@
-"""Choosing an OpenCL device: an explicit choice, else KILNET_DEVICE, else the first GPU, else the
-CPU device that the default install brings (PoCL)."""
+"""Choosing an OpenCL device: an explicit choice, else KILNET_DEVICE, else the first GPU that can
+build a kernel, else the best CPU implementation that can.
+
+"Can build" is learnt by a probe: a child process builds and runs a tiny kernel on the device
+(a child, because a broken compiler may abort the process rather than return an error). The answer
+is cached on disk per platform, device and driver version, so a machine pays for it once.
+
+Why probe at all: PoCL 3.0 from PyPI (LLVM 14) lists every x86-64 CPU as a device but cannot
+build a kernel on CPUs newer than its LLVM (AMD family 26, Zen 5: "unknown target CPU
+'generic'"), while Intel's CPU runtime from PyPI builds there, on AMD too.
+"""
+import json
 import os
+import subprocess
+import sys
+import tempfile
+import warnings
 
 from ..errors import CompileError
+from . import icd
+from .program import cache_dir
+
+# CPU implementations, best first. Measured side by side on a 2-core AMD EPYC (Zen 3), W1-W3 of
+# benchmarks/vs_pytorch.py: Intel's runtime ran every train step faster than PoCL (see
+# benchmarks/results/cpu-intel-vs-pocl-*.txt).
+CPU_PREFERENCE = ("intel", "pocl")
+
+# What to do when an implementation cannot build, by implementation.
+FIXES = {
+    "pocl": "PoCL 3.0 from PyPI (LLVM 14) does not know CPUs newer than its LLVM; use Intel's CPU "
+            "runtime instead (pip install intel-opencl-rt, a default dependency of kilnet on "
+            "Linux x86-64)",
+    "intel": "reinstall Intel's CPU runtime: pip install --force-reinstall intel-opencl-rt "
+             "intel-cmplr-lib-rt",
+}
+DEFAULT_FIX = "update the driver, or name a device that builds with KILNET_DEVICE"
+
+PROBE_VERSION = 1
+PROBE_SOURCE = """
+__kernel void probe(__global float *x, __local float *tmp) {
+    int i = get_global_id(0), l = get_local_id(0);
+    tmp[l] = exp(x[i]) + (float)l;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    x[i] = tmp[get_local_size(0) - 1 - l];
+}
+"""
 
 _contexts = {}
+_probes = {}
+_warned = set()
+
+# At import (kilnet imports this module), so that Intel's runtime is registered even when the
+# program makes its own first OpenCL call before compiling a model.
+icd.register(cache_dir())
 
 
 def _cl():
+    icd.register(cache_dir())      # before the first OpenCL call: the loader reads its folder once
     import pyopencl as cl
     return cl
 
@@ -18,56 +66,237 @@ def _platforms():
         return cl.get_platforms()
     except cl.Error as e:  # no ICD loader or no platform at all
         raise CompileError(f"no OpenCL platform is available ({e}); install kilnet's default "
-                           "dependencies (pocl-binary-distribution) or a GPU driver") from None
+                           "dependencies (intel-opencl-rt, pocl-binary-distribution) or a GPU "
+                           "driver") from None
 
 
-def devices():
-    """What OpenCL offers: a list of dicts with platform:device index, names, type and limits."""
+def _pairs():
+    return [(pi, di, p, d) for pi, p in enumerate(_platforms()) for di, d in enumerate(p.get_devices())]
+
+
+def implementation(device):
+    """A short name for the OpenCL implementation behind `device`: intel, pocl, nvidia, amd,
+    oclgrind, or the platform vendor's first word."""
+    name = device.platform.name.lower()
+    vendor = device.platform.vendor.lower()
+    for key, words in (("pocl", ("portable computing language", "pocl")), ("oclgrind", ("oclgrind",)),
+                       ("nvidia", ("nvidia",)), ("amd", ("amd accelerated", "advanced micro"))):
+        if any(w in name or w in vendor for w in words):
+            return key
+    if "intel" in name or "intel" in vendor:
+        return "intel"
+    return (vendor.split() or ["unknown"])[0]
+
+
+def _is_gpu(device):
+    return bool(device.type & _cl().device_type.GPU)
+
+
+def _ident(device):
+    return "\0".join([device.platform.name, device.platform.version, device.name,
+                      device.driver_version, str(PROBE_VERSION)])
+
+
+def _probe_file():
+    return os.path.join(cache_dir(), "probes.json")
+
+
+def _load_probes():
+    try:
+        with open(_probe_file()) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_probe(key, result):
+    """Read-modify-replace: a concurrent writer may drop an entry, which only costs a re-probe."""
+    path = _probe_file()
+    known = _load_probes()
+    known[key] = result
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(known, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def build_and_run(device, source=PROBE_SOURCE):
+    """Build and run the probe kernel on `device` in this process; None if it works, else why."""
+    import numpy as np
+    cl = _cl()
+    try:
+        ctx = cl.Context([device])
+        queue = cl.CommandQueue(ctx)
+        with warnings.catch_warnings():        # a successful build's log is noise here
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            prg = cl.Program(ctx, source).build()
+        x = np.zeros(16, np.float32)
+        buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=x)
+        prg.probe(queue, (16,), (4,), buf, cl.LocalMemory(16))
+        cl.enqueue_copy(queue, x, buf)
+    except Exception as e:     # a build log, an invalid context, a missing library: all say why
+        return _first_error_line(str(e)) or type(e).__name__
+    want = np.tile(np.arange(4, 0, -1, dtype=np.float32), 4)
+    if not np.allclose(x, want):
+        return f"the probe kernel ran but computed {x[:4].tolist()} instead of {want[:4].tolist()}"
+    return None
+
+
+def _first_error_line(text):
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if "error" in ln.lower() and not ln.lower().startswith(("build on", "(options")):
+            return ln[:300]
+    return lines[0][:300] if lines else ""
+
+
+def _probe_in_child(pi, di, device):
+    cmd = [sys.executable, "-m", "kilnet.runtime.probe", str(pi), str(di), device.name]
+    try:
+        r = subprocess.run(cmd, input=PROBE_SOURCE, capture_output=True, text=True, timeout=300,
+                           env=os.environ.copy())
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"the probe process failed to run ({e})"
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)["error"]
+            except (ValueError, KeyError):
+                break
+    tail = _first_error_line(r.stderr) or f"exit status {r.returncode}"
+    return f"the probe process died: {tail}"
+
+
+def probe(device, where=None):
+    """None if `device` builds and runs kernels, else a one-line reason. Cached per process and on
+    disk per platform, device and driver version. `where` is its (platform, device) index pair."""
+    key = _ident(device)
+    if key in _probes:
+        return _probes[key]
+    known = _load_probes()
+    if key in known:
+        _probes[key] = known[key]["error"]
+        return _probes[key]
+    if where is None:
+        where = next(((pi, di) for pi, di, _p, d in _pairs() if d.int_ptr == device.int_ptr), None)
+    if where is None or not sys.executable:
+        error = build_and_run(device)
+    else:
+        error = _probe_in_child(where[0], where[1], device)
+    _probes[key] = error
+    _save_probe(key, {"error": error, "implementation": implementation(device)})
+    return error
+
+
+def _describe(device):
+    return f"{implementation(device)} ({device.platform.name.strip()}: {device.name.strip()})"
+
+
+def _refusal(device, error):
+    return (f"device {_describe(device)} cannot build kernels: {error}\n  fix: "
+            f"{FIXES.get(implementation(device), DEFAULT_FIX)}")
+
+
+def devices(check=False):
+    """What OpenCL offers: a list of dicts with platform:device index, implementation, names, type,
+    driver version and limits; with check=True also "builds" (None if kernels build, else why)."""
     cl = _cl()
     out = []
-    for pi, p in enumerate(_platforms()):
-        for di, d in enumerate(p.get_devices()):
-            out.append({"id": f"{pi}:{di}", "platform": p.name.strip(), "device": d.name.strip(),
-                        "type": cl.device_type.to_string(d.type), "compute_units": d.max_compute_units,
-                        "global_mem_mb": d.global_mem_size // 2 ** 20,
-                        "local_mem_kb": d.local_mem_size // 1024,
-                        "max_work_group_size": d.max_work_group_size,
-                        "fp64": bool(d.double_fp_config)})
+    for pi, di, p, d in _pairs():
+        row = {"id": f"{pi}:{di}", "implementation": implementation(d), "platform": p.name.strip(),
+               "device": d.name.strip(), "type": cl.device_type.to_string(d.type),
+               "driver": d.driver_version.strip(), "compute_units": d.max_compute_units,
+               "global_mem_mb": d.global_mem_size // 2 ** 20,
+               "local_mem_kb": d.local_mem_size // 1024,
+               "max_work_group_size": d.max_work_group_size,
+               "fp64": bool(d.double_fp_config)}
+        if check:
+            row["builds"] = probe(d, (pi, di))
+        out.append(row)
     return out
 
 
+def ranked(pairs):
+    """`pairs` in the order the default choice tries them: GPUs, then CPU implementations by
+    CPU_PREFERENCE, then the rest; OpenCL's order breaks ties."""
+    def rank(pair):
+        impl = implementation(pair[3])
+        pref = CPU_PREFERENCE.index(impl) if impl in CPU_PREFERENCE else len(CPU_PREFERENCE)
+        return (0, 0) if _is_gpu(pair[3]) else (1, pref)
+    return sorted(pairs, key=rank)
+
+
+def _default(pairs):
+    """The first device in ranked order that builds; a warning for each one skipped before it."""
+    refused = []
+    for pi, di, _p, d in ranked(pairs):
+        error = probe(d, (pi, di))
+        if error is None:
+            for dev, why in refused:
+                key = _ident(dev)
+                if key not in _warned:
+                    _warned.add(key)
+                    warnings.warn(f"kilnet: skipping {_describe(dev)}: it cannot build kernels ({why})",
+                                  RuntimeWarning, stacklevel=4)
+            return d
+        refused.append((d, error))
+    raise CompileError("no OpenCL device can build kernels:\n" +
+                       "\n".join("- " + _refusal(d, e) for d, e in refused))
+
+
+def _named(spec, pairs):
+    """The device that `spec` names: 'P:D', an implementation (intel, pocl, nvidia, ...), 'gpu',
+    'cpu' (the best CPU implementation), or a word of a platform or device name."""
+    cl = _cl()
+    s = spec.strip().lower()
+    if ":" in s:
+        try:
+            pi, di = (int(v) for v in s.split(":"))
+            return next(pd for pd in pairs if pd[:2] == (pi, di))
+        except (ValueError, StopIteration):
+            raise CompileError(f"device {spec!r}: no such platform:device; see kilnet.devices()") from None
+    by_impl = [pd for pd in pairs if implementation(pd[3]) == s]
+    if s == "cpu":
+        cpus = [pd for pd in ranked(pairs) if pd[3].type & cl.device_type.CPU]
+        by_impl = [pd for pd in cpus if probe(pd[3], pd[:2]) is None] or cpus   # the best that builds
+    elif s == "gpu":
+        by_impl = [pd for pd in pairs if _is_gpu(pd[3])]
+    if by_impl:
+        return by_impl[0]
+    for pd in pairs:
+        p, d = pd[2], pd[3]
+        if s in p.name.lower() or s in p.vendor.lower() or s in d.name.lower():
+            return pd
+    found = ", ".join(_describe(pd[3]) for pd in pairs)
+    raise CompileError(f"device {spec!r} matches no OpenCL device; found: {found}")
+
+
 def select(spec=None):
-    """The pyopencl device for ``spec``: None, 'pocl', 'nvidia', 'gpu', 'cpu', 'P:D', or a
-    pyopencl.Device (e.g. another model's ``model.device``)."""
+    """The pyopencl device for ``spec``: None, 'intel', 'pocl', 'nvidia', 'gpu', 'cpu', 'P:D', or a
+    pyopencl.Device (e.g. another model's ``model.device``). A named device that cannot build
+    kernels is refused with its build error and the fix."""
     cl = _cl()
     if isinstance(spec, cl.Device):
         return spec
     if spec is None:
         spec = os.environ.get("KILNET_DEVICE") or None
-    pairs = [(p, d) for p in _platforms() for d in p.get_devices()]
+    if spec is not None and not isinstance(spec, str):
+        raise CompileError(f"device must be None or a string such as 'intel', 'pocl', 'nvidia' or "
+                           f"'0:0', got {spec!r}")
+    pairs = _pairs()
     if not pairs:
         raise CompileError("OpenCL reports no device")
     if spec is None:
-        gpus = [pd for pd in pairs if pd[1].type & cl.device_type.GPU]
-        return (gpus or pairs)[0][1]
-    if not isinstance(spec, str):
-        raise CompileError(f"device must be None or a string such as 'pocl', 'nvidia' or '0:0', got "
-                           f"{spec!r}")
-    s = spec.strip().lower()
-    if ":" in s:
-        try:
-            pi, di = (int(v) for v in s.split(":"))
-            return _platforms()[pi].get_devices()[di]
-        except (ValueError, IndexError):
-            raise CompileError(f"device {spec!r}: no such platform:device; see kilnet.devices()") from None
-    kinds = {"gpu": cl.device_type.GPU, "cpu": cl.device_type.CPU}
-    for p, d in pairs:
-        if s in kinds and d.type & kinds[s]:
-            return d
-        if s in p.name.lower() or s in p.vendor.lower() or s in d.name.lower():
-            return d
-    found = ", ".join(f"{p.name.strip()}: {d.name.strip()}" for p, d in pairs)
-    raise CompileError(f"device {spec!r} matches no OpenCL device; found: {found}")
+        return _default(pairs)
+    pi, di, _p, d = _named(spec, pairs)
+    error = probe(d, (pi, di))
+    if error is not None:
+        raise CompileError(_refusal(d, error))
+    return d
 
 
 def context(device):

@@ -33,7 +33,9 @@ def _from_disk(cl, ctx, path):
     try:
         with open(path, "rb") as f:
             binary = f.read()
-        return cl.Program(ctx, ctx.devices[:1], [binary]).build()
+        with warnings.catch_warnings():        # Intel's runtime logs every build, binaries too
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            return cl.Program(ctx, ctx.devices[:1], [binary]).build()
     except (OSError, cl.Error):
         return None
 

@@ -1,0 +1,178 @@
+"""Device choice that survives a broken implementation: Intel's CPU runtime registered by kilnet
+itself, a cached probe build per device, the default order (GPU, then intel, then pocl), a
+warning for a skipped implementation, one error listing them all when none builds, and a named
+device refused with its own build error."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import kilnet as kn
+from kilnet.runtime import device as devmod
+from kilnet.runtime import icd
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BROKEN = "__kernel void probe(__global float *x) { this is not OpenCL C; }"
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """Probe answers from nowhere but this test: an empty on-disk cache and none in memory."""
+    monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("KILNET_DEVICE", raising=False)
+    monkeypatch.setattr(devmod, "_probes", {})
+    monkeypatch.setattr(devmod, "_warned", set())
+    return tmp_path
+
+
+def ranked():
+    """Every device in the order the default choice tries them."""
+    return [pd[3] for pd in devmod.ranked(devmod._pairs())]
+
+
+def pretend(answers):
+    """Set each device's probe answer (None: builds) without running a probe."""
+    for d, error in answers.items():
+        devmod._probes[devmod._ident(d)] = error
+
+
+def test_the_default_install_registers_intels_cpu_runtime_without_any_environment():
+    assert icd.intel_library(), "intel-opencl-rt is a default dependency on Linux x86-64"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH", "LD_LIBRARY_PATH", "KILNET_DEVICE")}
+    code = ("import kilnet as kn; print(sorted({d['implementation'] for d in kn.devices(check=True)"
+            " if d['builds'] is None}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "'intel'" in r.stdout
+
+
+def test_registration_keeps_the_vendors_the_user_named(tmp_path):
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    (vendors / "other.icd").write_text("/nonexistent/libother-opencl.so\n")
+    env = dict(os.environ, OCL_ICD_VENDORS=str(vendors), KILNET_CACHE_DIR=str(tmp_path / "cache"))
+    code = ("import os, kilnet as kn; d = os.environ['OCL_ICD_VENDORS']; print(sorted(os.listdir(d)));"
+            "print([x['implementation'] for x in kn.devices()])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "['kilnet-intel-cpu.icd', 'other.icd']" in r.stdout
+    assert "'intel'" in r.stdout            # a vendor whose library is missing hides nothing
+
+
+def test_devices_report_implementation_driver_and_whether_they_build(fresh):
+    rows = kn.devices(check=True)
+    assert {"intel", "pocl"} <= {r["implementation"] for r in rows}
+    for r in rows:
+        assert r["driver"] and (r["builds"] is None or isinstance(r["builds"], str))
+    assert any(r["builds"] is None for r in rows)
+    cached = json.loads((fresh / "probes.json").read_text())
+    assert len(cached) == len(rows)
+
+
+def test_the_default_is_a_gpu_else_the_first_cpu_implementation_that_builds(fresh):
+    order = ranked()
+    pretend({d: None for d in order})
+    assert devmod.select(None).int_ptr == order[0].int_ptr
+    if not devmod._is_gpu(order[0]):
+        assert devmod.implementation(order[0]) == "intel"      # measured faster than PoCL
+
+
+def test_an_implementation_that_cannot_build_is_skipped_with_a_one_line_warning(fresh):
+    order = ranked()
+    assert len(order) >= 2, "the default install brings two CPU implementations"
+    why = "error: unknown target CPU 'generic'"
+    pretend({order[0]: why, **{d: None for d in order[1:]}})
+    with pytest.warns(RuntimeWarning) as caught:
+        chosen = devmod.select(None)
+    assert chosen.int_ptr == order[1].int_ptr
+    [w] = [w for w in caught if "cannot build" in str(w.message)]
+    text = str(w.message)
+    assert "\n" not in text and why in text and devmod.implementation(order[0]) in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        devmod.select(None)                                   # said once per process
+
+
+def test_when_nothing_builds_one_error_lists_every_device_with_its_error_and_fix(fresh):
+    order = ranked()
+    pretend({d: f"error: broken {i}" for i, d in enumerate(order)})
+    g = kn.Graph("g")
+    g.output("y", kn.dense(g.input("x", (3,)), 2))
+    with pytest.raises(kn.CompileError) as e:
+        kn.compile(g)
+    text = str(e.value)
+    for i, d in enumerate(order):
+        assert f"error: broken {i}" in text and d.name.strip() in text
+    assert text.count("fix:") == len(order)
+    if any(devmod.implementation(d) == "pocl" for d in order):
+        assert "intel-opencl-rt" in text
+
+
+@pytest.mark.parametrize("name", ["pocl", "intel", "cpu"])
+def test_a_named_device_that_cannot_build_is_refused_with_its_error(fresh, monkeypatch, name):
+    pretend({d: "error: unknown target CPU 'generic'" for d in ranked()})
+    monkeypatch.setenv("KILNET_DEVICE", name)
+    g = kn.Graph("g")
+    g.output("y", kn.dense(g.input("x", (3,)), 2))
+    with pytest.raises(kn.CompileError) as e:
+        kn.compile(g)
+    assert "cannot build kernels: error: unknown target CPU 'generic'" in str(e.value)
+    assert "fix:" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["intel", "pocl"])
+def test_kilnet_device_names_an_implementation(fresh, monkeypatch, name):
+    monkeypatch.setenv("KILNET_DEVICE", name)
+    g = kn.Graph("g")
+    g.output("y", kn.dense(g.input("x", (3,)), 2))
+    m = kn.compile(g, batch=2)
+    assert devmod.implementation(m.device) == name
+    assert m.forward({"x": np.ones((2, 3), np.float32)})["y"].shape == (2, 2)
+
+
+def test_the_probe_builds_in_a_child_process_and_its_answer_is_cached_on_disk(fresh, monkeypatch):
+    monkeypatch.setattr(devmod, "PROBE_SOURCE", BROKEN)
+    d = ranked()[0]
+    error = devmod.probe(d)
+    assert error and "error" in error.lower() and "\n" not in error
+    cached = json.loads((fresh / "probes.json").read_text())
+    assert [v["error"] for v in cached.values()] == [error]
+
+    def no_child(*a, **k):
+        raise AssertionError("probed again")
+    monkeypatch.setattr(subprocess, "run", no_child)
+    monkeypatch.setattr(devmod, "_probes", {})              # a new process: only the disk knows
+    assert devmod.probe(d) == error
+
+
+def test_a_probe_process_that_dies_is_a_refusal_not_a_crash(fresh, monkeypatch):
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))
+    error = devmod.probe(ranked()[0])
+    assert error.startswith("the probe process died")
+
+
+def test_kilnet_devices_says_which_devices_build_and_which_is_the_default(fresh, capsys, monkeypatch):
+    from kilnet import cli
+    order = ranked()
+    pretend({order[0]: "error: unknown target CPU 'generic'", **{d: None for d in order[1:]}})
+    with pytest.warns(RuntimeWarning):
+        code = cli.main(["devices"])
+    out = capsys.readouterr().out
+    assert code == 0
+    header = out.splitlines()[0].split()
+    assert header[:2] == ["id", "impl"] and "driver" in header and header[-2:] == ["builds", "kernels"]
+    rows = {ln.split()[0]: ln for ln in out.splitlines()[1:] if ln[:1].isdigit()}
+    for r in kn.devices():
+        assert r["driver"] in rows[r["id"]] and r["implementation"] in rows[r["id"]]
+    assert "cannot build kernels: error: unknown target CPU 'generic'" in out
+    assert rows[next(r["id"] for r in kn.devices() if r["device"] == order[0].name.strip()
+                     and r["platform"] == order[0].platform.name.strip())].rstrip().endswith("NO")
+    assert f"default device: " in out and order[1].name.strip() in out.split("default device:")[1]
