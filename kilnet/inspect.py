@@ -12,7 +12,8 @@ def _fmt_bytes(n):
 def summary(model):
     plan, g = model.plan, model.graph
     out = [f"model {g.name!r}: batch {plan.batch}, {plan.dtype}, "
-           f"{'training' if plan.training else 'inference'} plan on {model.device.name.strip()}"]
+           f"{'training' if plan.training else 'inference'} plan on {model.device.name.strip()}"
+           + (f" ({plan.target.implementation}, {plan.target.kind} kernel form)" if plan.target else "")]
     if plan.optimizer is not None:
         out.append(f"optimizer {plan.optimizer!r}; loss {plan.loss}")
     out.append("")

@@ -2,7 +2,8 @@
 registers (chosen on CPUs). The finite-difference tests check whichever form the test device
 picks; this file forces both forms on the same device (KILNET_TARGET) and compares them in
 float64 on shapes that reach every branch: split-K, multi-lane column sums, tiny and edge tiles,
-strided convolution gradients."""
+strided convolution gradients. Every test runs on each CPU implementation that builds kernels
+here (Intel's runtime and PoCL where both do)."""
 import numpy as np
 import pytest
 
@@ -24,6 +25,15 @@ CASES = {
     "huge": (130, (5,), lambda x: kn.dense(kn.dense(x, 131, activation="tanh"), 67)),
     "edges": (13, (3, 11), lambda x: kn.dense(kn.dense(x, 33, activation="gelu"), 17, bias=False)),
 }
+
+CPU_IMPLEMENTATIONS = sorted({d["implementation"] for d in kn.devices(check=True)
+                              if "CPU" in d["type"] and d["builds"] is None})
+
+
+@pytest.fixture(autouse=True, params=CPU_IMPLEMENTATIONS)
+def implementation(request, monkeypatch):
+    monkeypatch.setenv("KILNET_DEVICE", request.param)
+    return request.param
 
 
 def run(monkeypatch, kind, case):

@@ -3,6 +3,16 @@ import os
 from dataclasses import dataclass
 
 from ..errors import CompileError
+from ..runtime.device import implementation
+
+# The kernel form per implementation; other devices take theirs from their type. Measured with
+# benchmarks/kernel_forms.py (median time of the cpu form / the gpu form, alternating calls, on a
+# 2-core AMD EPYC, Zen 3, 2026-11-30; benchmarks/results/cpu-forms-and-implementations-*.txt):
+#   intel: W1 train b1 0.24, b64 0.73, b256 0.88; W2 train b1 0.64, b32 0.44; W3 train b16 0.14;
+#          forward b1 W1 0.07, W2 0.70. Its vectoriser does well with explicit vectors and no
+#          barriers too, and the gpu form's barriers cost it more than they cost a GPU.
+#   pocl:  the cpu form was tuned on it (it runs a work-group as a loop split at each barrier).
+FORMS = {"intel": "cpu", "pocl": "cpu"}
 
 
 @dataclass(frozen=True)
@@ -12,17 +22,21 @@ class Target:
     compute_units: int = 16
     local_mem: int = 32768     # bytes
     name: str = ""
+    implementation: str = ""   # intel, pocl, nvidia, ... (runtime.device.implementation)
 
     @classmethod
     def of(cls, device):
-        """The device's target; KILNET_TARGET=cpu|gpu forces a kernel form (to test both forms
-        on one device, e.g. under Oclgrind)."""
+        """The device's target: the form FORMS gives its implementation, else the one its type
+        suggests. KILNET_TARGET=cpu|gpu forces a form (to test both on one device, e.g. under
+        Oclgrind)."""
         import pyopencl as cl
-        kind = os.environ.get("KILNET_TARGET") or ("cpu" if device.type & cl.device_type.CPU else "gpu")
+        impl = implementation(device)
+        kind = (os.environ.get("KILNET_TARGET") or FORMS.get(impl)
+                or ("cpu" if device.type & cl.device_type.CPU else "gpu"))
         if kind not in ("cpu", "gpu"):
             raise CompileError(f"KILNET_TARGET must be 'cpu' or 'gpu', got {kind!r}")
         return cls(kind, device.max_work_group_size, device.max_compute_units, device.local_mem_size,
-                   device.name.strip())
+                   device.name.strip(), impl)
 
 
 GPU = Target("gpu")
