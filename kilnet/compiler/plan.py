@@ -59,6 +59,7 @@ class Plan:
     state: dict                 # "<node>.<state>" -> buffer
     poisonable: list = field(default_factory=list)   # buffers every step rewrites fully
     check_finite: bool = False  # run calls a launch at a time, stopping at a non-finite output
+    target: object = None       # the compiler.target.Target the kernels were specialised for
 
     def phase(self, *names):
         return [launch for launch in self.launches if launch.phase in names]
