@@ -230,10 +230,10 @@ def build(model, target=None, train=False):
         "loss": {"parts": loss, "reduce": "the sum of every element of every part, in float64"}
         if train else None,
         "step_scalars": scalars,
-        "files": {f: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
-                  for f, b in sorted(files.items())},
     }
     files["plan.txt"] = plan_text(doc).encode()
+    doc["files"] = {f: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
+                    for f, b in sorted(files.items())}
     return doc, files
 
 

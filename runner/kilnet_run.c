@@ -282,10 +282,10 @@ int main(int argc, char **argv) {
         for (i = 0; i < nio[2]; i++) { transfer(&io[2][i], p, 0); p += io[2][i].count * item; }
         write_file(argv[4], out, io_bytes(2));
     } else {
-        size_t k, kt, s; char *in = read_batches(argv[3], 0, &k), *tg = read_batches(argv[4], 1, &kt);
-        FILE *lf; unsigned long t = step0;
-        if (k != kt) die("%s holds %lu batches but %s holds %lu", argv[3], (unsigned long)k, argv[4], (unsigned long)kt);
+        size_t k, kt, s; char *in, *tg; FILE *lf; unsigned long t = step0;
         if (scal_arena < 0) die("bundle %s has no train_step (export it with train=True / --train)", bundle);
+        in = read_batches(argv[3], 0, &k); tg = read_batches(argv[4], 1, &kt);
+        if (k != kt) die("%s holds %lu batches but %s holds %lu", argv[3], (unsigned long)k, argv[4], (unsigned long)kt);
         snprintf(path, sizeof path, "%s/loss.txt", argv[5]);
         if (!(lf = fopen(path, "w"))) die("cannot write %s (%s): does OUTDIR exist?", path, strerror(errno));
         for (s = 0; s < k; s++) {
