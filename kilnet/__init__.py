@@ -1,6 +1,6 @@
 """kilnet: neural networks as dataflow graphs, compiled into plans of specialised OpenCL kernels."""
-from .errors import (CheckpointError, CompileError, FeedError, GraphError, KilnetError,
-                     MemoryCheckError, ShapeError)
+from .errors import (BundleError, CheckpointError, CompileError, FeedError, GraphError,
+                     KilnetError, MemoryCheckError, ShapeError)
 from .graph import Graph, Value
 from .ops import (activation, add_norm, batchnorm, concat, conv1d, dense, graph_attention,
                   graph_conv, gte_block, mamba4cast_embedding, multi_window_conv, reshape, softmax,
@@ -16,4 +16,5 @@ from .compiler.symbolic import ACTIVATIONS
 __version__ = "0.1.0"
 __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "ACTIVATIONS",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError",
-           "CheckpointError", "MemoryCheckError", "fit", "History", "NonFiniteLoss"] + BUILDERS
+           "CheckpointError", "BundleError", "MemoryCheckError", "fit", "History",
+           "NonFiniteLoss"] + BUILDERS

@@ -5,6 +5,8 @@
     kilnet inspect examples/two_spirals.py:build_model --kernel dense_1.forward
     kilnet inspect mypkg.models:make_graph --batch 32 --memory
     kilnet bench [--steps N] [--device D]
+    kilnet export examples/qnet.py qnet_bundle/ [--train] [--target cpu|gpu] [--mql5 qnet.mqh]
+    kilnet inspect qnet_bundle/                                # a bundle, as a model
 
 ``inspect`` loads a Python file as a module (its ``if __name__ == "__main__"`` block does not
 run) or imports ``package.module``, calls the named function (default ``build_model``) with no
@@ -134,6 +136,8 @@ def load_model(target, batch=1):
 
 def cmd_inspect(args):
     from .inspect import kernel_table, memory_table
+    if os.path.isdir(args.target):
+        return _inspect_bundle(args)
     if args.batch < 1:
         raise UsageError(f"--batch must be >= 1, got {args.batch}")
     model = load_model(args.target, batch=args.batch)
@@ -159,6 +163,59 @@ def cmd_inspect(args):
     return 0
 
 
+def _inspect_bundle(args):
+    from . import export
+    if not export.is_bundle(args.target):
+        raise UsageError(f"{args.target} is a folder but not an export bundle (no plan.json)")
+    doc = export.read(args.target)
+    if args.kernel:
+        launch, source = export.kernel_source(args.target, doc, args.kernel)
+        print(f"// {launch['name']}: kernel {launch['kernel']}, global {tuple(launch['global_size'])}, "
+              f"local {tuple(launch['local_size']) if launch['local_size'] else None}")
+        print("// args: " + ", ".join(
+            f"{a['slot']}:{a['name']}={a['buffer'] if a['kind'] == 'arena' else a['value']}"
+            for a in launch["args"]))
+        print(source, end="")
+    if args.memory:
+        if args.kernel:
+            print()
+        print(export.memory_table(doc))
+    if not (args.kernel or args.memory):
+        print(export.summary(doc))
+        print()
+        print(export.kernel_table(doc))
+    return 0
+
+
+# -- export ---------------------------------------------------------------------------------
+def cmd_export(args):
+    from . import export, mql5
+    if args.out is None:
+        if not export.is_bundle(args.target):
+            raise UsageError("give the bundle folder to write: kilnet export MODEL OUT/ (or an "
+                             "existing bundle folder with --mql5 OUT.mqh)")
+        if not args.mql5:
+            raise UsageError(f"{args.target} is a bundle already: add --mql5 OUT.mqh to write its "
+                             f"MQL5 include")
+        if args.form or args.train:
+            raise UsageError("--target and --train apply when exporting a model, not to an "
+                             "existing bundle")
+        print(f"wrote {mql5.write(args.target, args.mql5)}")
+        return 0
+    if args.batch < 1:
+        raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    if args.mql5 and not args.mql5.endswith(".mqh"):
+        raise UsageError(f"--mql5 must name a .mqh file, got {args.mql5!r}")
+    model = load_model(args.target, batch=args.batch)
+    path = export.export(model, args.out, target=args.form, train=args.train)
+    doc = export.read(path, check_data=False)
+    print(f"wrote bundle {path}: {len(doc['launches'])} launches, {len(doc['kernels'])} kernels, "
+          f"calls {', '.join(doc['calls'])}")
+    if args.mql5:
+        print(f"wrote {mql5.write(path, args.mql5)}")
+    return 0
+
+
 # -- bench ----------------------------------------------------------------------------------
 def cmd_bench(args):
     here = os.path.dirname(os.path.abspath(__file__))
@@ -179,18 +236,34 @@ def parser():
     sub.required = True
     p = sub.add_parser("devices", help="list the OpenCL devices kilnet can use")
     p.set_defaults(func=cmd_devices)
-    p = sub.add_parser("inspect", help="show the kernels, sources and memory of a model",
+    p = sub.add_parser("inspect", help="show the kernels, sources and memory of a model or bundle",
                        description="Load TARGET (file.py, file.py:function or module:function), call "
                                    "the function (default build_model) and show what the model "
                                    "compiles to.")
-    p.add_argument("target", help="file.py or module (calls build_model), file.py:function, or "
-                   "module:function")
+    p.add_argument("target", help="file.py or module (calls build_model), file.py:function, "
+                   "module:function, or an export bundle folder")
     p.add_argument("--kernel", metavar="NAME", help="print the OpenCL source of this launch "
                    "(e.g. dense_1.forward) instead of the tables")
     p.add_argument("--memory", action="store_true", help="print the memory map (buffers, roles, offsets)")
     p.add_argument("--batch", type=int, default=1,
                    help="batch to compile for when the function returns a kn.Graph (default 1)")
     p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("export", help="write a bundle that runs the model without Python "
+                       "(kernels.cl, plan.json, raw parameters), and an MQL5 include",
+                       description="Load TARGET as `inspect` does and write its compiled plan to "
+                                   "the folder OUT (atomically). With an existing bundle as TARGET "
+                                   "and no OUT, --mql5 writes the include for that bundle.")
+    p.add_argument("target", help="file.py, file.py:function or module:function (as for inspect), "
+                   "or a bundle folder")
+    p.add_argument("out", nargs="?", help="the bundle folder to write")
+    p.add_argument("--target", dest="form", choices=("cpu", "gpu"),
+                   help="kernel form to export (default: the model's own)")
+    p.add_argument("--train", action="store_true",
+                   help="also the train_step call, the targets and the optimizer moments")
+    p.add_argument("--mql5", metavar="OUT.mqh", help="also write an MQL5 include (and OUT.cl)")
+    p.add_argument("--batch", type=int, default=1,
+                   help="batch to compile for when the function returns a kn.Graph (default 1)")
+    p.set_defaults(func=cmd_export)
     p = sub.add_parser("bench", help="time train steps of the qnet example (benchmarks/train_step.py)",
                        description="Run benchmarks/train_step.py; other options (--device, --steps, "
                                    "--per-kernel, ...) are passed on to it: see its --help.",

@@ -27,3 +27,8 @@ class CheckpointError(KilnetError):
 
 class MemoryCheckError(KilnetError):
     """A kernel wrote outside its buffer: a guard region of a debug_buffers model changed."""
+
+
+class BundleError(KilnetError):
+    """An export bundle cannot be written (a bad argument or destination) or read (a missing or
+    damaged file, a newer format version, a malformed plan)."""

@@ -229,6 +229,14 @@ class Model:
         from .runtime.checkpoint import save
         save(self, path)
 
+    def export(self, path, target=None, train=False):
+        """Write a bundle folder that runs this plan without Python: kernels.cl, plan.json (and
+        plan.txt) with arenas, launches and argument slots, and the parameters as raw arrays; see
+        kilnet/export.py. target: "cpu" | "gpu" kernel form (default the model's); train: also
+        the train_step call and the optimizer moments. Returns the bundle's path."""
+        from .export import export
+        return export(self, path, target=target, train=train)
+
     def __repr__(self):
         return (f"<kilnet.Model {self.graph.name!r} batch={self.batch} dtype={self.dtype} "
                 f"on {self.device.name.strip()}: {len(self.plan.launches)} launches>")

@@ -320,7 +320,7 @@ def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers
                 grads={p: names.grad(p) for p in lo.params} if loss else {},
                 input_grad_buffers=lo.input_grad_buffers,
                 params={p: p for p in lo.params}, state={s: s for s in lo.state},
-                poisonable=poisonable)
+                poisonable=poisonable, target=target)
 
 
 def check_loss_spec(graph, loss):

@@ -1,0 +1,475 @@
+"""Export bundles: a compiled plan that runs without Python (``model.export``, ``kilnet export``).
+
+A bundle is a folder::
+
+    plan.json      format name and version; arenas (role, elements, dtype, file); kernels; launches
+                   (kernel, global/local size, every argument by slot); the calls (forward and,
+                   with train=True, train_step) as lists of launch indices; inputs, targets,
+                   outputs and loss parts (arena, offset, shape); the per-step scalars and their
+                   rule; the files with their sizes and SHA-256
+    plan.txt       the same plan as whitespace-separated records, for C (runner/kilnet_run.c)
+    kernels.cl     one OpenCL program holding every kernel the calls launch, as the plan renders it
+    param.bin, state.bin (and moment1.bin, moment2.bin with train=True)
+                   whole arenas as raw little-endian arrays of the plan's dtype (padding is zero)
+
+Every buffer argument of a kilnet kernel is an arena pointer (``<name>_arena``, a ``__global
+real*``) followed by an element offset (``<name>_off``, a ``uint``), so a host needs one OpenCL
+buffer per arena and never a sub-buffer. Every launch has its own kernel object, its arguments set
+once; a call is then: write the feeds (and, for train_step, the step scalars), enqueue the call's
+launches in order, read back. Arenas without a file start as zeros.
+
+Writes are atomic: everything goes into a temporary folder beside the destination, which is then
+renamed onto it, so a failed export leaves no half bundle (and an existing bundle as it was).
+"""
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+
+import numpy as np
+
+from .compiler import names
+from .errors import BundleError
+
+FORMAT = "kilnet-bundle"
+VERSION = 1
+TARGETS = ("cpu", "gpu")
+DTYPES = {"float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
+CTYPES = {"float32": "float", "float64": "double"}
+MAX_KERNEL_NAME = 127          # MQL5's CLKernelCreate refuses longer names
+STORED = ("param", "state", "moment1", "moment2")   # arenas whose contents a bundle carries
+TRAIN_PHASES = ("forward", "loss", "backward", "update_state", "optimizer")
+
+
+# -- which plan and which launches -----------------------------------------------------------
+def calls_of(plan, train):
+    """{call: [launch index]} as Model runs them: forward is inference mode (a node with an
+    "infer" launch uses it instead of its training-mode forward); train_step is forward, loss,
+    backward, state updates and the optimizer, in plan order."""
+    moded = {la.node for la in plan.launches if la.phase == "infer"} if plan.training else set()
+    calls = {"forward": [i for i, la in enumerate(plan.launches) if la.phase == "infer" or
+                         (la.phase == "forward" and la.node not in moded)]}
+    if train:
+        calls["train_step"] = [i for i, la in enumerate(plan.launches) if la.phase in TRAIN_PHASES]
+    return calls
+
+
+def plan_for(model, target=None):
+    """The plan in kernel form ``target`` ("cpu" or "gpu", default the model's own): the model's
+    plan when it already is, else the same graph lowered for that form (with the limits of the
+    model's device). A debug_buffers plan is lowered again without its per-buffer layout."""
+    from .compiler.lower import lower
+    from .compiler.target import Target
+    plan = model.plan
+    own = plan.target.kind if plan.target is not None else Target.of(model.device).kind
+    kind = own if target is None else target
+    if kind not in TARGETS:
+        raise BundleError(f"export: target must be one of {', '.join(TARGETS)} (or None for the "
+                          f"model's own, {own!r}), got {target!r}")
+    if kind == own and not plan.debug_buffers and plan.target is not None:
+        return plan
+    d = model.device
+    base = plan.target if plan.target is not None else Target(
+        kind, d.max_work_group_size, d.max_compute_units, d.local_mem_size, d.name.strip())
+    return lower(model.graph, plan.batch, plan.dtype, plan.loss, plan.optimizer, plan.input_grads,
+                 False, dataclasses.replace(base, kind=kind))
+
+
+# -- the program: one .cl for every kernel ---------------------------------------------------
+# File-scope names a kernel's source may declare besides the kernel: inline helper functions and
+# typedefs (a line starting at column 0).
+_FILE_SCOPE = re.compile(r"^(?:(?:static\s+)?inline\s+[\w\s\*]*?\b(\w+)\s*\(|"
+                         r"typedef\s+[\w\s\*]+?\b(\w+)\s*;)", re.M)
+_DEFINE = re.compile(r"^\s*#define\s+(\w+)", re.M)
+
+
+def _kernel_names(kernels):
+    """{plan kernel name: name in kernels.cl}: unique, at most MAX_KERNEL_NAME characters."""
+    out, taken = {}, set()
+    for k in kernels:
+        name = re.sub(r"\W", "_", k)
+        if len(name) > MAX_KERNEL_NAME:
+            name = name[:MAX_KERNEL_NAME - 9] + "_" + hashlib.sha1(k.encode()).hexdigest()[:8]
+        base, n = name, 1
+        while name in taken:
+            n += 1
+            suffix = f"_{n}"
+            name = base[:MAX_KERNEL_NAME - len(suffix)] + suffix
+        taken.add(name)
+        out[k] = name
+    return out
+
+
+def program(plan, launches):
+    """(kernels.cl text, {plan kernel: bundle kernel}) for ``launches``.
+
+    Each kernel's source is the plan's (the common header once at the top); a kernel renamed
+    for uniqueness is renamed in its declaration only; macros a kernel #defines are #undef'd
+    after it; a file-scope helper function or typedef declared identically before (on one line)
+    is dropped, declared differently is renamed within that kernel."""
+    from .compiler.specialise import header
+    head = header(CTYPES[plan.dtype])
+    used = list(dict.fromkeys(la.kernel for la in launches))
+    rename = _kernel_names(used)
+    declared = {}                      # file-scope name -> its declaration line
+    parts = [f"/* kilnet bundle: {len(used)} kernels of model {plan.graph.name!r} "
+             f"({plan.dtype}, {plan.target.kind if plan.target else '?'} form). */\n", head]
+    for k in used:
+        src = plan.sources[k]
+        if not src.startswith(head):
+            raise BundleError(f"export: internal: kernel {k} does not start with the program header")
+        body = src[len(head):]
+        if rename[k] != k:
+            body = re.sub(rf"\b{re.escape(k)}(\s*\()", rename[k] + r"\1", body, count=1)
+        kept, clashes = [], []
+        for line in body.splitlines(keepends=True):
+            m = _FILE_SCOPE.match(line)
+            if m:
+                name = m.group(1) or m.group(2)
+                if name not in declared:
+                    declared[name] = line
+                elif declared[name] == line and line.rstrip().endswith(("}", ";")):
+                    continue                    # the same one-line declaration is in scope
+                else:
+                    clashes.append(name)
+            kept.append(line)
+        body = "".join(kept)
+        for name in clashes:
+            body = re.sub(rf"\b{re.escape(name)}\b", f"{name}_{rename[k]}", body)
+        undef = "".join(f"#undef {d}\n" for d in dict.fromkeys(_DEFINE.findall(body)))
+        parts.append(f"/* ---- kernel {rename[k]} ---- */\n{body}{undef}")
+    return "".join(parts), rename
+
+
+# -- the bundle ------------------------------------------------------------------------------
+def _region(plan, buf, shape=None):
+    b = plan.buffers[buf]
+    return {"arena": b.role, "offset": b.offset, "count": b.size,
+            "shape": list(shape if shape is not None else b.shape)}
+
+
+def _scalars(plan, model):
+    opt = plan.optimizer
+    b = plan.buffers[names.SCALARS]
+    values = {"adam": ["lr", "1 - b1**t", "1 - b2**t", "0"], "sgd": ["lr", "0", "0", "0"]}[opt.kind]
+    return {"arena": b.role, "offset": b.offset, "count": b.size, "optimizer": opt.kind,
+            "config": opt.config(), "step": model.step, "values": values,
+            "rule": "before each train step write these values, computed in float64 and rounded "
+                    "to the dtype, at (arena, offset); t is the number of the step being taken: "
+                    "step + 1 for the first step run from this bundle, then one more per step"}
+
+
+def build(model, target=None, train=False):
+    """(plan.json dict, {file name: bytes}) of the bundle of ``model``."""
+    if train and model.optimizer is None:
+        raise BundleError(f"export: train=True needs a model compiled with an optimizer and a "
+                          f"loss; {model.graph.name!r} has none")
+    plan = plan_for(model, target)
+    calls = calls_of(plan, train)
+    used = sorted(set().union(*calls.values()))
+    launches = [plan.launches[i] for i in used]
+    text, rename = program(plan, launches)
+    dtype = DTYPES[plan.dtype]
+
+    inputs = [dict(name=n, **_region(plan, b)) for n, b in plan.feeds.items()]
+    outputs = [dict(name=n, **_region(plan, b, (plan.batch,) + tuple(plan.graph.outputs[n].shape)))
+               for n, b in plan.outputs.items()]
+    targets = [dict(name=n, **_region(plan, b)) for n, b in plan.targets.items()] if train else []
+    loss = [_region(plan, b) for b in plan.losses] if train else []
+    scalars = _scalars(plan, model) if train else None
+
+    roles = {a.value for la in launches for a in la.args if a.name.endswith("_arena")}
+    roles |= {r["arena"] for r in inputs + outputs + targets + loss}
+    arenas = [role for role in plan.arenas if role in roles and plan.arenas[role]]
+    stored = [r for r in arenas if r in STORED and (train or not r.startswith("moment"))]
+
+    data = {r: np.zeros(plan.arenas[r], dtype) for r in stored}
+    with model._exec.lock:
+        for name in list(plan.params) + list(plan.state):
+            b = plan.buffers[name]
+            if b.role in data:
+                data[b.role][b.offset:b.offset + b.size] = model._exec.read(name)
+        if train:
+            for p in plan.params:
+                for i in range(1, plan.optimizer.moments + 1):
+                    b = plan.buffers[names.moment(p, i)]
+                    data[b.role][b.offset:b.offset + b.size] = model._exec.read(b.name)
+    files = {f"{r}.bin": data[r].tobytes() for r in stored}
+    files["kernels.cl"] = text.encode()
+
+    def arg(a):
+        if a.name.endswith("_arena"):
+            return {"slot": a.slot, "name": a.name, "kind": "arena", "arena": a.value,
+                    "buffer": a.buffer}
+        return {"slot": a.slot, "name": a.name, "kind": "scalar", "type": "uint",
+                "value": int(a.value), "buffer": a.buffer}
+
+    index = {i: n for n, i in enumerate(used)}
+    doc = {
+        "format": FORMAT, "version": VERSION, "model": plan.graph.name,
+        "dtype": plan.dtype, "batch": plan.batch, "target": plan.target.kind, "train": bool(train),
+        "source": "kernels.cl",
+        "arenas": [{"role": r, "elements": plan.arenas[r], "dtype": plan.dtype,
+                    "bytes": plan.arenas[r] * dtype.itemsize,
+                    "file": f"{r}.bin" if r in stored else None} for r in arenas],
+        "buffers": [{"name": b.name, "role": b.role, "offset": b.offset, "size": b.size,
+                     "shape": list(b.shape)} for b in plan.buffers.values() if b.role in arenas],
+        "params": list(plan.params), "state": list(plan.state),
+        "kernels": [{"name": rename[k], "plan_kernel": k} for k in rename],
+        "launches": [{"index": index[i], "name": la.name, "phase": la.phase,
+                      "kernel": rename[la.kernel], "global_size": list(la.global_size),
+                      "local_size": list(la.local_size) if la.local_size else None,
+                      "args": [arg(a) for a in la.args]}
+                     for i, la in zip(used, launches)],
+        "calls": {c: [index[i] for i in seq] for c, seq in calls.items()},
+        "inputs": inputs, "outputs": outputs, "targets": targets,
+        "loss": {"parts": loss, "reduce": "the sum of every element of every part, in float64"}
+        if train else None,
+        "step_scalars": scalars,
+    }
+    files["plan.txt"] = plan_text(doc).encode()
+    doc["files"] = {f: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
+                    for f, b in sorted(files.items())}
+    return doc, files
+
+
+def plan_text(doc):
+    """plan.json as records of whitespace-separated tokens, read by runner/kilnet_run.c.
+
+    Arenas, kernels and launches are referred to by their index in their list; names come last
+    on a line (they have no spaces). A size or local size always has three numbers (local 0 0 0:
+    none given)."""
+    arena = {a["role"]: i for i, a in enumerate(doc["arenas"])}
+    kernel = {k["name"]: i for i, k in enumerate(doc["kernels"])}
+    out = [f"{FORMAT} {doc['version']}", f"dtype {doc['dtype']}", f"batch {doc['batch']}",
+           f"source {doc['source']}", f"arenas {len(doc['arenas'])}"]
+    for a in doc["arenas"]:
+        out.append(f"arena {a['elements']} {a['file'] or '-'} {a['role']}")
+    out.append(f"kernels {len(doc['kernels'])}")
+    out += [f"kernel {k['name']}" for k in doc["kernels"]]
+    out.append(f"launches {len(doc['launches'])}")
+    for la in doc["launches"]:
+        g = (la["global_size"] + [1, 1])[:3]
+        loc = (la["local_size"] + [1, 1])[:3] if la["local_size"] else [0, 0, 0]
+        out.append(f"launch {kernel[la['kernel']]} {len(la['global_size'])} "
+                   f"{' '.join(map(str, g))} {' '.join(map(str, loc))} {len(la['args'])} "
+                   f"{la['name']}")
+        for a in la["args"]:
+            out.append(f"arg {a['slot']} arena {arena[a['arena']]}" if a["kind"] == "arena" else
+                       f"arg {a['slot']} uint {a['value']}")
+    for kind, key in (("input", "inputs"), ("target", "targets"), ("output", "outputs")):
+        out.append(f"{kind}s {len(doc[key])}")
+        out += [f"{kind} {arena[r['arena']]} {r['offset']} {r['count']} {r['name']}"
+                for r in doc[key]]
+    parts = doc["loss"]["parts"] if doc["loss"] else []
+    out.append(f"losses {len(parts)}")
+    out += [f"loss {arena[p['arena']]} {p['offset']} {p['count']}" for p in parts]
+    s = doc["step_scalars"]
+    if s:
+        c = s["config"]
+        out.append(f"scalars {arena[s['arena']]} {s['offset']} {s['optimizer']} {c['lr']!r} "
+                   f"{c.get('b1', 0.0)!r} {c.get('b2', 0.0)!r} {s['step']}")
+    else:
+        out.append("scalars -1 0 none 0 0 0 0")
+    for call, seq in doc["calls"].items():
+        out.append(f"call {call} {len(seq)} {' '.join(map(str, seq))}".rstrip())
+    out.append("end")
+    return "\n".join(out) + "\n"
+
+
+def export(model, path, target=None, train=False):
+    """Write the bundle of ``model`` to the folder ``path`` atomically; returns the path.
+
+    ``path`` may not exist, be an empty folder, or be a bundle (which is replaced); anything else
+    is refused. target: "cpu" or "gpu" kernel form (default: the model's own). train: also the
+    train_step call, the targets, loss and step scalars, and the optimizer moments."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise BundleError(f"export: path must be a str or os.PathLike, got {type(path).__name__}")
+    if not isinstance(train, bool):
+        raise BundleError(f"export: train must be True or False, got {train!r}")
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise BundleError(f"export: path {path} is a file; give a folder for the bundle")
+    if os.path.isdir(path) and os.listdir(path) and \
+            not os.path.isfile(os.path.join(path, "plan.json")):
+        raise BundleError(f"export: path {path} is a folder that is neither empty nor a bundle; "
+                          f"refusing to replace it")
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise BundleError(f"export: path {path}: its folder {parent} does not exist")
+    doc, files = build(model, target, train)
+    files["plan.json"] = (json.dumps(doc, indent=1) + "\n").encode()
+    tmp = old = None
+    try:
+        tmp = tempfile.mkdtemp(prefix=".kilnet-export-", dir=parent)
+        umask = os.umask(0o22)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)           # mkdtemp makes it private; a bundle is not
+        for name, data in sorted(files.items()):
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        if os.path.isdir(path) and os.listdir(path):
+            old = tempfile.mkdtemp(prefix=".kilnet-old-", dir=parent)
+            os.replace(path, os.path.join(old, "bundle"))
+        elif os.path.isdir(path):
+            os.rmdir(path)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        if old is not None and not os.path.exists(path):
+            os.replace(os.path.join(old, "bundle"), path)     # put the previous bundle back
+        raise BundleError(f"export: writing the bundle {path} failed; nothing was left there "
+                          f"({type(e).__name__}: {e})") from e
+    finally:
+        for d in (tmp, old):
+            if d is not None and os.path.isdir(d):
+                shutil.rmtree(d, ignore_errors=True)
+    return path
+
+
+# -- reading a bundle ------------------------------------------------------------------------
+def is_bundle(path):
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "plan.json"))
+
+
+def read(path, check_data=True):
+    """plan.json of the bundle at ``path``, checked: format and version, every file present with
+    the size (and, with check_data, the SHA-256) it records, every launch, argument and region
+    inside its arena. BundleError says what is wrong."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise BundleError(f"bundle {path}: " + ("is a file, not a bundle folder"
+                                                if os.path.exists(path) else "no such folder"))
+    try:
+        with open(os.path.join(path, "plan.json"), "rb") as f:
+            doc = json.loads(f.read().decode())
+    except FileNotFoundError:
+        raise BundleError(f"bundle {path}: plan.json is missing") from None
+    except (OSError, ValueError) as e:
+        raise BundleError(f"bundle {path}: plan.json is not readable JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise BundleError(f"bundle {path}: plan.json is not a {FORMAT} plan")
+    if not isinstance(doc.get("version"), int) or doc["version"] > VERSION or doc["version"] < 1:
+        raise BundleError(f"bundle {path}: format version {doc.get('version')!r}; this kilnet reads "
+                          f"version {VERSION}")
+    try:
+        _check(doc)
+        for name, info in doc["files"].items():
+            full = os.path.join(path, name)
+            if os.path.basename(name) != name or not os.path.isfile(full):
+                raise BundleError(f"bundle {path}: file {name} is missing")
+            size = os.path.getsize(full)
+            if size != info["bytes"]:
+                raise BundleError(f"bundle {path}: file {name} has {size} bytes, plan.json says "
+                                  f"{info['bytes']}")
+            if check_data:
+                with open(full, "rb") as f:
+                    if hashlib.sha256(f.read()).hexdigest() != info["sha256"]:
+                        raise BundleError(f"bundle {path}: file {name} is damaged (its SHA-256 "
+                                          f"does not match plan.json)")
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise BundleError(f"bundle {path}: plan.json is malformed ({type(e).__name__}: {e})") from None
+    return doc
+
+
+def _check(doc):
+    if doc["dtype"] not in DTYPES:
+        raise ValueError(f"dtype {doc['dtype']!r}")
+    arenas = {a["role"]: a for a in doc["arenas"]}
+    item = DTYPES[doc["dtype"]].itemsize
+    for a in doc["arenas"]:
+        if a["bytes"] != a["elements"] * item:
+            raise ValueError(f"arena {a['role']}: bytes {a['bytes']} != elements x {item}")
+        if a["file"] is not None and doc["files"][a["file"]]["bytes"] != a["bytes"]:
+            raise ValueError(f"arena {a['role']}: file {a['file']} is not {a['bytes']} bytes")
+    kernels = {k["name"] for k in doc["kernels"]}
+
+    def inside(where, arena, offset, count):
+        if arena not in arenas or not (0 <= offset and offset + count <= arenas[arena]["elements"]):
+            raise ValueError(f"{where}: [{offset}, {offset + count}) is outside arena {arena!r}")
+    for la in doc["launches"]:
+        if la["kernel"] not in kernels:
+            raise ValueError(f"launch {la['name']}: unknown kernel {la['kernel']!r}")
+        if not 1 <= len(la["global_size"]) <= 3:
+            raise ValueError(f"launch {la['name']}: global size {la['global_size']}")
+        for a in la["args"]:
+            if a["kind"] == "arena":
+                inside(f"launch {la['name']} slot {a['slot']}", a["arena"], 0, 0)
+            elif not (a["type"] == "uint" and 0 <= a["value"] < 2 ** 32):
+                raise ValueError(f"launch {la['name']} slot {a['slot']}: {a}")
+    for key in ("inputs", "outputs", "targets"):
+        for r in doc[key]:
+            inside(f"{key[:-1]} {r['name']}", r["arena"], r["offset"], r["count"])
+            if math.prod(r["shape"]) != r["count"]:
+                raise ValueError(f"{key[:-1]} {r['name']}: shape {r['shape']} != count {r['count']}")
+    for call, seq in doc["calls"].items():
+        if any(not 0 <= i < len(doc["launches"]) for i in seq):
+            raise ValueError(f"call {call}: launch index out of range")
+
+
+# -- views of a bundle (kilnet inspect BUNDLE) -----------------------------------------------
+def summary(doc):
+    from .inspect import _fmt_bytes
+    item = DTYPES[doc["dtype"]].itemsize
+    counts = {}
+    for la in doc["launches"]:
+        counts[la["phase"]] = counts.get(la["phase"], 0) + 1
+    io = lambda rs: ", ".join(f"{r['name']} {tuple(r['shape'])}" for r in rs) or "-"  # noqa: E731
+    out = [f"bundle of model {doc['model']!r} (format {doc['format']} {doc['version']}): batch "
+           f"{doc['batch']}, {doc['dtype']}, {doc['target']} kernel form, "
+           f"{'forward and train_step' if doc['train'] else 'forward only'}",
+           f"inputs: {io(doc['inputs'])}; outputs: {io(doc['outputs'])}"
+           + (f"; targets: {io(doc['targets'])}" if doc["targets"] else "")]
+    if doc["step_scalars"]:
+        s = doc["step_scalars"]
+        out.append(f"optimizer {s['optimizer']} {s['config']}, {s['step']} steps taken; step "
+                   f"scalars [{', '.join(s['values'])}] at {s['arena']}+{s['offset']}")
+    out.append("arenas: " + ", ".join(f"{a['role']} {_fmt_bytes(a['elements'] * item)}"
+                                       + (f" ({a['file']})" if a["file"] else "")
+                                       for a in doc["arenas"]))
+    out.append(f"launches: {len(doc['launches'])} ({', '.join(f'{k} {v}' for k, v in counts.items())}); "
+               f"kernels in {doc['source']}: {len(doc['kernels'])}; calls: "
+               + ", ".join(f"{c} {len(s)}" for c, s in doc["calls"].items()))
+    return "\n".join(out)
+
+
+def kernel_table(doc):
+    from .inspect import _table
+    rows = [(la["name"], la["phase"], la["kernel"], str(tuple(la["global_size"])),
+             str(tuple(la["local_size"])) if la["local_size"] else "-") for la in doc["launches"]]
+    lines = _table(("launch", "phase", "kernel", "global", "local"), rows)
+    out = [lines[0]]
+    for la, row in zip(doc["launches"], lines[1:]):
+        out.append(row)
+        out.append("    args: " + ", ".join(
+            f"{a['slot']}:{a['name']}={a['buffer'] if a['kind'] == 'arena' else a['value']}"
+            for a in la["args"]))
+    return "\n".join(out)
+
+
+def memory_table(doc):
+    from .inspect import _table
+    order = {a["role"]: i for i, a in enumerate(doc["arenas"])}
+    rows = [(b["name"], b["role"], str(b["offset"]), str(b["size"]), str(tuple(b["shape"])))
+            for b in sorted(doc["buffers"], key=lambda b: (order[b["role"]], b["offset"], b["name"]))]
+    return "\n".join(_table(("buffer", "role", "offset", "elements", "shape"), rows, right=(2, 3)))
+
+
+def kernel_source(path, doc, name):
+    """(launch dict, the kernel's section of kernels.cl) for a launch or kernel ``name``."""
+    la = next((la for la in doc["launches"] if name in (la["name"], la["kernel"])), None)
+    if la is None:
+        raise BundleError(f"bundle {path}: no launch or kernel named {name!r}; launches: "
+                          f"{', '.join(la['name'] for la in doc['launches'])}")
+    with open(os.path.join(path, doc["source"]), encoding="utf-8") as f:
+        text = f.read()
+    marker = f"/* ---- kernel {la['kernel']} ---- */\n"
+    start = text.find(marker)
+    end = text.find("/* ---- kernel ", start + len(marker))
+    return la, text[start:end if end >= 0 else len(text)] if start >= 0 else ""

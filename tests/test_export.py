@@ -1,0 +1,570 @@
+"""Export bundles (model.export, `kilnet export`): the C runner (runner/kilnet_run.c, built here
+with `cc`) runs every example's bundle on the same device as Python and gets the same outputs,
+loss and updated parameters; damaged bundles are refused with a message, never a crash; bad
+arguments name themselves; the MQL5 include holds exactly the plan's table."""
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kilnet as kn
+from kilnet import cli, export, mql5
+from kilnet.compiler import names
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(ROOT, "examples")
+RUNNER = os.path.join(ROOT, "runner", "kilnet_run.c")
+
+# Small settings of each example's build_model() (every example defines one).
+SMALL = {
+    "two_spirals": dict(batch=4, width=8),
+    "qnet": dict(batch=2),
+    "distq_learning": dict(batch=2, width=16, filters=4),
+    "forecast": dict(batch=2, history=16, horizon=4, width=8),
+    "gte_encoder": dict(batch=2, units=6, width=4, blocks=1, heads=2, key_dim=4),
+    "batchnorm_mlp": dict(batch=4, width=8),
+}
+
+
+def test_every_example_is_covered():
+    found = {f[:-3] for f in os.listdir(EXAMPLES) if f.endswith(".py")}
+    assert found == set(SMALL)
+
+
+def load_example(name):
+    path = os.path.join(EXAMPLES, name + ".py")
+    spec = importlib.util.spec_from_file_location(f"export_example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, EXAMPLES)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(EXAMPLES)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def on_pocl(monkeypatch):
+    """Python and the runner on the same device: PoCL."""
+    monkeypatch.setenv("KILNET_DEVICE", "pocl")
+    monkeypatch.delenv("KILNET_TARGET", raising=False)
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    cc = shutil.which("cc")
+    assert cc, "no C compiler `cc` on PATH (Debian: apt-get install gcc)"
+    out = str(tmp_path_factory.mktemp("runner") / "kilnet_run")
+    r = subprocess.run([cc, "-std=c99", "-O2", "-Wall", "-o", out, RUNNER, "-lOpenCL", "-lm"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, ("building runner/kilnet_run.c failed (Debian: apt-get install "
+                               "opencl-headers ocl-icd-opencl-dev):\n" + r.stderr)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run_env(tmp_path_factory):
+    """The environment for the runner: the system ICD loader pointed at PoCL alone (the one that
+    came with pyopencl's wheel; it names its library without a path)."""
+    import pyopencl
+    env = {k: v for k, v in os.environ.items() if k != "KILNET_RUN_DEVICE"}
+    libs = os.path.join(os.path.dirname(pyopencl.__file__), ".libs")
+    icd = os.path.join(libs, "pocl.icd")
+    if os.path.isfile(icd):
+        with open(icd) as f:
+            lib = f.read().strip()
+        vendors = tmp_path_factory.mktemp("icd")
+        (vendors / "pocl.icd").write_text(os.path.join(libs, lib) + "\n")
+        env["OCL_ICD_VENDORS"] = str(vendors)
+    return env
+
+
+def run(runner, env, *args):
+    return subprocess.run([runner, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def batch_data(doc, key, rng):
+    """{name: array (batch, ...)} for the bundle's inputs or targets."""
+    dt = export.DTYPES[doc["dtype"]]
+    return {r["name"]: rng.uniform(-1, 1, r["shape"]).astype(dt) for r in doc[key]}
+
+
+def write(path, doc, key, arrays):
+    with open(path, "wb") as f:
+        for r in doc[key]:
+            f.write(np.ascontiguousarray(arrays[r["name"]], export.DTYPES[doc["dtype"]]).tobytes())
+
+
+def arena_values(doc, folder, name):
+    """Parameter, state or moment ``name`` from the arena files in ``folder``."""
+    b = next(b for b in doc["buffers"] if b["name"] == name)
+    a = next(a for a in doc["arenas"] if a["role"] == b["role"])
+    data = np.fromfile(os.path.join(folder, a["file"]), export.DTYPES[doc["dtype"]])
+    return data[b["offset"]:b["offset"] + b["size"]].reshape(b["shape"])
+
+
+def check_against_python(model, bundle, runner, env, tmp_path, seed=0, steps=1):
+    """Forward, then ``steps`` train steps, by the runner and by Python; returns the max
+    differences seen."""
+    doc = export.read(bundle)
+    rng = np.random.default_rng(seed)
+    feeds = batch_data(doc, "inputs", rng)
+    write(tmp_path / "in.bin", doc, "inputs", feeds)
+    r = run(runner, env, bundle, "forward", tmp_path / "in.bin", tmp_path / "out.bin")
+    assert r.returncode == 0, r.stderr
+    got = np.fromfile(tmp_path / "out.bin", export.DTYPES[doc["dtype"]])
+    want = model.forward(feeds)
+    want = np.concatenate([want[o["name"]].reshape(-1) for o in doc["outputs"]])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if not doc["train"]:
+        return
+    batches = [(batch_data(doc, "inputs", rng), batch_data(doc, "targets", rng)) for _ in range(steps)]
+    with open(tmp_path / "tin.bin", "wb") as fi, open(tmp_path / "ttg.bin", "wb") as ft:
+        for x, y in batches:
+            for r_ in doc["inputs"]:
+                fi.write(x[r_["name"]].tobytes())
+            for r_ in doc["targets"]:
+                ft.write(y[r_["name"]].tobytes())
+    outdir = tmp_path / "trained"
+    outdir.mkdir()
+    r = run(runner, env, bundle, "train", tmp_path / "tin.bin", tmp_path / "ttg.bin", outdir)
+    assert r.returncode == 0, r.stderr
+    losses = [model.train_step(x, y) for x, y in batches]
+    c_losses = [float(v) for v in (outdir / "loss.txt").read_text().split()]
+    np.testing.assert_allclose(c_losses, losses, rtol=1e-5)
+    assert r.stdout.split() == " ".join(f"step {doc['step_scalars']['step'] + i + 1} loss {v:.9g}"
+                                        for i, v in enumerate(c_losses)).split()
+    assert int((outdir / "step.txt").read_text()) == model.step
+    for name in doc["params"] + doc["state"]:
+        np.testing.assert_allclose(arena_values(doc, outdir, name), model.params[name],
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    for p in doc["params"]:
+        for i in range(1, model.optimizer.moments + 1):
+            m = names.moment(p, i)
+            np.testing.assert_allclose(arena_values(doc, outdir, m), model._exec.read(m).reshape(
+                model.plan.buffers[m].shape), rtol=1e-5, atol=1e-7, err_msg=m)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_runner_matches_python_on_every_example(name, runner, run_env, tmp_path):
+    model = load_example(name).build_model(**SMALL[name])
+    bundle = model.export(tmp_path / "bundle", train=True)
+    check_against_python(model, bundle, runner, run_env, tmp_path)
+
+
+def tiny_graph():
+    g = kn.Graph("tiny")
+    x = g.input("x", (5,))
+    g.output("y", kn.softmax(kn.dense(kn.dense(x, 7, activation="tanh"), 4), heads=2))
+    return g
+
+
+def test_float64_sgd_continues_from_the_models_step(runner, run_env, tmp_path):
+    model = kn.compile(tiny_graph(), batch=3, optimizer=kn.SGD(lr=0.1, momentum=0.9),
+                       loss={"y": "cross_entropy"}, dtype="float64", seed=2)
+    rng = np.random.default_rng(5)
+    model.train_step({"x": rng.normal(size=(3, 5))}, {"y": rng.uniform(size=(3, 4))})
+    bundle = model.export(tmp_path / "b", train=True)
+    doc = export.read(bundle)
+    assert doc["step_scalars"]["step"] == 1 and doc["step_scalars"]["values"][0] == "lr"
+    check_against_python(model, bundle, runner, run_env, tmp_path, steps=2)
+    assert model.step == 3
+
+
+def test_adam_step_count_and_bias_corrections_in_the_bundle(runner, run_env, tmp_path):
+    model = kn.compile(tiny_graph(), batch=2, optimizer=kn.Adam(lr=0.05), loss="cross_entropy")
+    rng = np.random.default_rng(1)
+    for _ in range(2):
+        model.train_step({"x": rng.normal(size=(2, 5))}, {"y": rng.uniform(size=(2, 4))})
+    bundle = model.export(tmp_path / "b", train=True)
+    s = export.read(bundle)["step_scalars"]
+    assert (s["optimizer"], s["step"], s["values"]) == ("adam", 2, ["lr", "1 - b1**t", "1 - b2**t", "0"])
+    assert s["config"] == model.optimizer.config()
+    check_against_python(model, bundle, runner, run_env, tmp_path, steps=3)
+
+
+def test_gpu_form_exported_from_a_cpu_form_model(runner, run_env, tmp_path, monkeypatch):
+    spirals = load_example("two_spirals")
+    cpu = spirals.build_model(**SMALL["two_spirals"])
+    assert cpu.plan.target.kind == "cpu"
+    cpu.export(tmp_path / "from_cpu", target="gpu", train=True)
+    monkeypatch.setenv("KILNET_TARGET", "gpu")
+    gpu = spirals.build_model(**SMALL["two_spirals"])
+    monkeypatch.delenv("KILNET_TARGET")
+    gpu.export(tmp_path / "from_gpu", train=True)
+    a, b = (export.read(tmp_path / d) for d in ("from_cpu", "from_gpu"))
+    assert a == b and a["target"] == "gpu"
+    for f in a["files"]:
+        assert (tmp_path / "from_cpu" / f).read_bytes() == (tmp_path / "from_gpu" / f).read_bytes()
+    assert export.read(cpu.export(tmp_path / "own"))["target"] == "cpu"
+    check_against_python(gpu, str(tmp_path / "from_cpu"), runner, run_env, tmp_path)
+
+
+def test_forward_only_bundles(runner, run_env, tmp_path):
+    trained = kn.compile(tiny_graph(), batch=3, optimizer=kn.Adam(), loss="cross_entropy")
+    bundle = trained.export(tmp_path / "fwd")
+    doc = export.read(bundle)
+    assert list(doc["calls"]) == ["forward"] and not doc["train"] and doc["step_scalars"] is None
+    assert sorted(doc["files"]) == ["kernels.cl", "param.bin", "plan.txt"]
+    roles = {a["arena"] for la in doc["launches"] for a in la["args"] if a["kind"] == "arena"}
+    assert {a["role"] for a in doc["arenas"]} == roles | {"input"} and "grad" not in roles
+    check_against_python(trained, bundle, runner, run_env, tmp_path)
+    (tmp_path / "o").mkdir()
+    r = run(runner, run_env, bundle, "train", tmp_path / "in.bin", tmp_path / "in.bin", tmp_path / "o")
+    assert r.returncode == 1 and "no train_step" in r.stderr
+    infer = kn.compile(tiny_graph(), batch=3)
+    with pytest.raises(kn.BundleError, match="train=True needs a model compiled with an optimizer"):
+        infer.export(tmp_path / "x", train=True)
+    check_against_python(infer, infer.export(tmp_path / "infer"), runner, run_env, tmp_path / "o")
+
+
+def test_calls_are_the_models_steps():
+    model = kn.compile(tiny_graph(), batch=2, optimizer=kn.SGD(),
+                       loss="cross_entropy")
+    calls = export.calls_of(model.plan, train=True)
+    for call in ("forward", "train_step"):
+        assert [model.plan.launches[i] for i in calls[call]] == list(model.steps[call])
+
+
+def test_kernels_cl_is_one_program_with_unique_names(tmp_path):
+    model = load_example("gte_encoder").build_model(**SMALL["gte_encoder"])
+    bundle = model.export(tmp_path / "b", train=True)
+    doc = export.read(bundle)
+    text = (tmp_path / "b" / "kernels.cl").read_text()
+    declared = re.findall(r"__kernel\s+(?:__attribute__\(\([^)]*\)\)\)\s*)?void\s+(\w+)\s*\(", text)
+    assert sorted(declared) == sorted(k["name"] for k in doc["kernels"])
+    assert len(set(declared)) == len(declared)
+    assert {la["kernel"] for la in doc["launches"]} == set(declared)
+    assert all(len(n) <= export.MAX_KERNEL_NAME for n in declared)
+    for k in doc["kernels"]:      # each kernel's function, from its declaration on, is the plan's
+        src = model.plan.sources[k["plan_kernel"]]
+        assert src[src.index("__kernel"):] in text
+    import pyopencl as cl
+    cl.Program(model._exec.ctx, text).build()
+
+
+def test_clashing_renders_are_renamed_when_concatenated():
+    from kilnet.compiler.specialise import header
+    head = header("float")
+
+    class FakePlan:
+        dtype, graph, target = "float32", tiny_graph(), None
+        sources = {
+            "k": head + "typedef real4 vec;\ninline real f(real x) { return x; }\n"
+                        "__kernel void k(__global real* a) { a[0] = f(1); }\n",
+            "k_2": head + "typedef real8 vec;\ninline real f(real x) { return x; }\n"
+                          "#define SCALE 2\n__kernel void k_2(__global real* a) { vec v; a[0] = f(SCALE); }\n",
+            "k" + "x" * 140: head + "typedef real4 vec;\n__kernel void k" + "x" * 140 +
+                             "(__global real* a) { a[0] = 3; }\n",
+        }
+
+    class L:
+        def __init__(self, kernel):
+            self.kernel = kernel
+    text, names = export.program(FakePlan, [L(k) for k in FakePlan.sources])
+    assert names["k"] == "k" and names["k_2"] == "k_2"
+    long = names["k" + "x" * 140]
+    assert len(long) == export.MAX_KERNEL_NAME and f"void {long}(" in text
+    assert text.count("inline real f(") == 1                 # identical helper: once
+    assert "typedef real8 vec_k_2;" in text and "vec_k_2 v;" in text   # clashing typedef: renamed
+    assert text.count("typedef real4 vec;") == 1 and "#undef SCALE" in text
+    import pyopencl as cl
+    from kilnet.runtime.device import select
+    ctx = cl.Context([select("pocl")])
+    cl.Program(ctx, text).build()
+
+
+# -- damaged bundles ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory):
+    model = kn.compile(tiny_graph(), batch=3, optimizer=kn.Adam(), loss="cross_entropy",
+                       device="pocl")
+    path = model.export(tmp_path_factory.mktemp("tiny") / "bundle", train=True)
+    doc = export.read(path)
+    folder = tmp_path_factory.mktemp("tinydata")
+    rng = np.random.default_rng(0)
+    write(folder / "in.bin", doc, "inputs", batch_data(doc, "inputs", rng))
+    write(folder / "tg.bin", doc, "targets", batch_data(doc, "targets", rng))
+    return path, folder
+
+
+def _edit(name, fn):
+    def damage(b):
+        p = os.path.join(b, name)
+        with open(p, "rb") as f:
+            data = f.read()
+        with open(p, "wb") as f:
+            f.write(fn(data))
+    return damage
+
+
+def _plan_line(which, fn):
+    """Damage the plan.txt lines that start with ``which`` (or for which it returns True)."""
+    pick = which if callable(which) else (lambda ln: ln.startswith(which))
+    return _edit("plan.txt", lambda d: "\n".join(fn(ln) if pick(ln) else ln
+                                                 for ln in d.decode().split("\n")).encode())
+
+
+def _field(i, value):
+    return lambda ln: " ".join(value if j == i else f for j, f in enumerate(ln.split(" ")))
+
+
+DAMAGES = {
+    "missing param.bin": (lambda b: os.remove(os.path.join(b, "param.bin")), "param.bin"),
+    "short param.bin": (_edit("param.bin", lambda d: d[:-8]), "param.bin has"),
+    "missing kernels.cl": (lambda b: os.remove(os.path.join(b, "kernels.cl")), "kernels.cl"),
+    "missing plan.txt": (lambda b: os.remove(os.path.join(b, "plan.txt")), "plan.txt"),
+    "newer version": (_plan_line("kilnet-bundle", lambda ln: "kilnet-bundle 2"), "newer"),
+    "not a plan": (_edit("plan.txt", lambda d: b"hello\n" + d), "not a kilnet bundle plan"),
+    "truncated plan": (_edit("plan.txt", lambda d: d[:len(d) // 2]), "plan.txt"),
+    "garbage number": (_plan_line("batch", lambda ln: "batch x12"), "not a whole number"),
+    "kernel index": (_plan_line("launch ", lambda ln: "launch 99999 " + ln.split(" ", 2)[2]),
+                     "kernel index"),
+    "arena index": (_plan_line("arg 0 arena", lambda ln: "arg 0 arena 77"), "arena index"),
+    "region outside arena": (_plan_line("output ", _field(2, "999999")), "outside arena"),
+    "arena size vs file": (_plan_line(lambda ln: ln.startswith("arena ") and "param.bin" in ln,
+                                      _field(1, "5")), "param.bin has"),
+    "kernel missing from source": (_plan_line("kernel ", lambda ln: "kernel no_such_kernel"),
+                                   "no_such_kernel"),
+    "broken kernel source": (_edit("kernels.cl", lambda d: d.replace(b"{", b"{ syntax error;", 1)),
+                             "does not build"),
+    "unknown dtype": (_plan_line("dtype", lambda ln: "dtype float16"), "unknown dtype"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(DAMAGES))
+def test_runner_refuses_a_damaged_bundle(what, tiny_bundle, runner, run_env, tmp_path):
+    src, data = tiny_bundle
+    bundle = tmp_path / "b"
+    shutil.copytree(src, bundle)
+    damage, message = DAMAGES[what]
+    damage(str(bundle))
+    (tmp_path / "o").mkdir()
+    for args in (("forward", data / "in.bin", tmp_path / "out.bin"),
+                 ("train", data / "in.bin", data / "tg.bin", tmp_path / "o")):
+        r = run(runner, run_env, bundle, *args)
+        assert r.returncode == 1, (what, r.returncode, r.stderr)   # not a signal (negative)
+        assert message in r.stderr and "kilnet_run: " in r.stderr, r.stderr
+
+
+def test_runner_refuses_bad_data_files_and_usage(tiny_bundle, runner, run_env, tmp_path):
+    bundle, data = tiny_bundle
+    (tmp_path / "bad.bin").write_bytes(b"\0" * 7)
+    r = run(runner, run_env, bundle, "forward", tmp_path / "bad.bin", tmp_path / "out.bin")
+    assert r.returncode == 1 and "whole batches" in r.stderr
+    r = run(runner, run_env, bundle, "forward", tmp_path / "none.bin", tmp_path / "out.bin")
+    assert r.returncode == 1 and "none.bin" in r.stderr
+    r = run(runner, run_env, bundle, "train", data / "in.bin", data / "tg.bin", tmp_path / "no_dir")
+    assert r.returncode == 1 and "OUTDIR" in r.stderr
+    r = run(runner, run_env, tmp_path / "nowhere", "forward", data / "in.bin", tmp_path / "o.bin")
+    assert r.returncode == 1 and "plan.txt" in r.stderr
+    r = run(runner, run_env, bundle, "backward")
+    assert r.returncode == 2 and "usage" in r.stderr
+    r = run(runner, dict(run_env, KILNET_RUN_DEVICE="9:9"), bundle, "forward", data / "in.bin",
+            tmp_path / "o.bin")
+    assert r.returncode == 1 and "KILNET_RUN_DEVICE=9:9" in r.stderr
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_edit("plan.json", lambda d: d.replace(b'"version": 1', b'"version": 2')), "format version 2"),
+    (_edit("plan.json", lambda d: d[:100]), "not readable JSON"),
+    (_edit("plan.json", lambda d: d.replace(b'"launches"', b'"launchez"')), "malformed"),
+    (lambda b: os.remove(os.path.join(b, "moment2.bin")), "file moment2.bin is missing"),
+    (_edit("param.bin", lambda d: d[:-4] + b"\0\0\x80\x7f"), "damaged"),
+    (_edit("param.bin", lambda d: d + b"\0"), "bytes, plan.json says"),
+    (lambda b: os.remove(os.path.join(b, "plan.json")), "plan.json is missing"),
+])
+def test_python_reader_refuses_a_damaged_bundle(damage, message, tiny_bundle, tmp_path, capsys):
+    bundle = tmp_path / "b"
+    shutil.copytree(tiny_bundle[0], bundle)
+    damage(str(bundle))
+    with pytest.raises(kn.BundleError, match=re.escape(message)):
+        export.read(bundle)
+    code, _, err = run_cli(capsys, "inspect", str(bundle))
+    if message == "plan.json is missing":
+        assert code == 2 and "not an export bundle" in err
+    else:
+        assert code == 1 and "BundleError" in err and message in err
+
+
+# -- bad arguments, atomic writes --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_model():
+    return kn.compile(tiny_graph(), batch=2, optimizer=kn.Adam(), loss="cross_entropy",
+                      device="pocl")
+
+
+def test_bad_arguments_name_themselves(tiny_model, tmp_path):
+    with pytest.raises(kn.BundleError, match="target must be one of cpu, gpu.*'tpu'"):
+        tiny_model.export(tmp_path / "a", target="tpu")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(kn.BundleError, match="path .*file is a file"):
+        tiny_model.export(tmp_path / "file")
+    (tmp_path / "stuff").mkdir()
+    (tmp_path / "stuff" / "keep.txt").write_text("mine")
+    with pytest.raises(kn.BundleError, match="neither empty nor a bundle"):
+        tiny_model.export(tmp_path / "stuff")
+    assert (tmp_path / "stuff" / "keep.txt").read_text() == "mine"
+    with pytest.raises(kn.BundleError, match="path must be a str"):
+        tiny_model.export(3)
+    with pytest.raises(kn.BundleError, match="train must be True or False"):
+        tiny_model.export(tmp_path / "a", train="yes")
+    with pytest.raises(kn.BundleError, match="does not exist"):
+        tiny_model.export(tmp_path / "no" / "such" / "dir")
+    with pytest.raises(kn.BundleError, match="must end in .mqh"):
+        mql5.write(str(tiny_model.export(tmp_path / "ok")), str(tmp_path / "x.txt"))
+    with pytest.raises(kn.BundleError, match="no such folder"):
+        export.read(tmp_path / "missing")
+    with pytest.raises(kn.BundleError, match="is a file"):
+        export.read(tmp_path / "file")
+
+
+def test_export_is_atomic(tiny_model, tmp_path, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    tiny_model.export(tmp_path / "empty")                       # an empty folder is taken
+    first = tiny_model.export(tmp_path / "b")
+    before = {f: (tmp_path / "b" / f).read_bytes() for f in os.listdir(first)}
+    calls = []
+
+    def failing_fsync(fd):
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(kn.BundleError, match="nothing was left there.*No space left"):
+        tiny_model.export(tmp_path / "new", train=True)
+    assert not (tmp_path / "new").exists()
+    calls.clear()
+    with pytest.raises(kn.BundleError):
+        tiny_model.export(tmp_path / "b", train=True)           # the old bundle stays
+    assert {f: (tmp_path / "b" / f).read_bytes() for f in os.listdir(first)} == before
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["b", "empty"]       # no temporary folders left
+    tiny_model.export(tmp_path / "b", train=True)               # a bundle is replaced
+    assert export.read(tmp_path / "b")["train"]
+    assert oct(os.stat(tmp_path / "b").st_mode & 0o777) != oct(0o700)
+
+
+# -- the command line -----------------------------------------------------------------------
+def run_cli(capsys, *argv):
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_export_inspect_and_mql5(capsys, tmp_path):
+    spirals = os.path.join(EXAMPLES, "two_spirals.py")
+    out_dir = tmp_path / "spirals"
+    code, out, err = run_cli(capsys, "export", spirals, str(out_dir), "--train", "--mql5",
+                             str(tmp_path / "spirals.mqh"))
+    assert code == 0, err
+    assert f"wrote bundle {out_dir}" in out and "spirals.mqh" in out
+    assert (tmp_path / "spirals.cl").read_bytes().decode("ascii")
+    doc = export.read(out_dir)
+    code, out, _ = run_cli(capsys, "inspect", str(out_dir))
+    assert code == 0 and "bundle of model 'two_spirals'" in out and "forward and train_step" in out
+    for la in doc["launches"]:
+        assert la["name"] in out
+    code, out, _ = run_cli(capsys, "inspect", str(out_dir), "--kernel", "dense_1.forward")
+    assert code == 0 and "__kernel" in out and "void dense_1_forward(" in out
+    code, out, _ = run_cli(capsys, "inspect", str(out_dir), "--memory")
+    assert code == 0 and "dense_1.weight" in out and "param" in out
+    (tmp_path / "again").mkdir()
+    again = tmp_path / "again" / "spirals.mqh"
+    code, out, err = run_cli(capsys, "export", str(out_dir), "--mql5", str(again))
+    assert code == 0, err
+    assert again.read_bytes() == (tmp_path / "spirals.mqh").read_bytes()
+    for argv, message in [
+        (("export", spirals, str(tmp_path / "x"), "--target", "tpu"), "argument --target"),
+        (("export", spirals), "give the bundle folder"),
+        (("export", str(out_dir)), "add --mql5"),
+        (("export", str(out_dir), "--mql5", "x.mqh", "--train"), "--target and --train"),
+        (("export", spirals, str(tmp_path / "y"), "--mql5", "y.txt"), "--mql5 must name a .mqh"),
+        (("export", spirals, str(tmp_path / "z"), "--batch", "0"), "--batch must be >= 1"),
+        (("inspect", str(tmp_path)), "not an export bundle"),
+    ]:
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2 and message in err, (argv, err)
+    (tmp_path / "file").write_text("x")
+    code, _, err = run_cli(capsys, "export", spirals, str(tmp_path / "file"))
+    assert code == 1 and "BundleError" in err and "is a file" in err
+
+
+# -- the MQL5 include ----------------------------------------------------------------------
+def test_mql5_include_holds_the_plans_table(tmp_path):
+    model = load_example("forecast").build_model(**SMALL["forecast"])
+    bundle = model.export(tmp_path / "b", train=True)
+    doc = export.read(bundle)
+    path = mql5.write(bundle, str(tmp_path / "f.mqh"))
+    with open(path, newline="") as f:
+        text = f.read()
+    assert text.isascii() and "\r\n" in text
+    item = export.DTYPES[doc["dtype"]].itemsize
+    arena = {a["role"]: i for i, a in enumerate(doc["arenas"])}
+    # buffers: one per arena, in order, with the plan's size in bytes
+    created = re.findall(r"m_mem\[(\d+)\]=CLBufferCreate\(m_ctx,(\d+),CL_MEM_READ_WRITE\)", text)
+    assert [(int(i), int(n)) for i, n in created] == [(i, a["bytes"]) for i, a in enumerate(doc["arenas"])]
+    loads = re.findall(r'Load\((\d+),folder\+"\\\\(\w+\.bin)",(\d+),fc\)', text)
+    assert [(int(i), f, int(n)) for i, f, n in loads] == [
+        (i, a["file"], a["elements"]) for i, a in enumerate(doc["arenas"]) if a["file"]]
+    # kernels: one per launch, in order
+    kernels = re.findall(r'm_kern\[(\d+)\]=CLKernelCreate\(m_prog,"(\w+)"\)', text)
+    assert [(int(i), k) for i, k in kernels] == [(i, la["kernel"]) for i, la in enumerate(doc["launches"])]
+    # every argument once, in order, with its slot
+    args = re.findall(r"CLSetKernelArgMem\(m_kern\[(\d+)\],(\d+),m_mem\[(\d+)\]\)|"
+                      r"CLSetKernelArg\(m_kern\[(\d+)\],(\d+),\(uint\)(\d+)\)", text)
+    want = [("mem", i, a["slot"], arena[a["arena"]]) if a["kind"] == "arena" else
+            ("uint", i, a["slot"], a["value"]) for i, la in enumerate(doc["launches"]) for a in la["args"]]
+    got = [("mem", int(m[0]), int(m[1]), int(m[2])) if m[0] else ("uint", int(m[3]), int(m[4]), int(m[5]))
+           for m in args]
+    assert got == want
+    # the calls: the launches in order with their work sizes; feeds at their byte offsets
+    fwd = text[text.index("bool              Forward("):text.index("bool              TrainStep(")]
+    step = text[text.index("bool              TrainStep("):text.index("bool              Save(")]
+    for body, call in ((fwd, "forward"), (step, "train_step")):
+        runs = re.findall(r"Run\((\d+),(\d),(\d+),(\d+),(\d+),(\d+),(\d+),(\d+)\)", body)
+        assert [int(r[0]) for r in runs] == doc["calls"][call]
+        for r in runs:
+            la = doc["launches"][int(r[0])]
+            assert int(r[1]) == len(la["global_size"])
+            assert [int(v) for v in r[2:2 + len(la["global_size"])]] == la["global_size"]
+            dims = len(la["global_size"])
+            local = (la["local_size"] + [1, 1])[:dims] if la["local_size"] else [0] * dims
+            assert [int(v) for v in r[5:5 + dims]] == local
+        writes = re.findall(r"CLBufferWrite\(m_mem\[(\d+)\],in,(\d+),(\d+),(\d+)\)", body)
+        at = 0
+        want = []
+        for r in doc["inputs"]:
+            want.append((arena[r["arena"]], r["offset"] * item, at, r["count"]))
+            at += r["count"]
+        assert [tuple(map(int, w)) for w in writes] == want
+    reads = re.findall(r"CLBufferRead\(m_mem\[(\d+)\],out,(\d+),(\d+),(\d+)\)", fwd)
+    assert [tuple(map(int, r)) for r in reads] == [
+        (arena[r["arena"]], r["offset"] * item, 0, r["count"]) for r in doc["outputs"]]
+    s = doc["step_scalars"]
+    assert f"CLBufferWrite(m_mem[{arena[s['arena']]}],sc,{s['offset'] * item},0,4)" in step
+    assert f"MathPow({s['config']['b1']!r},t)" in step and f"lr({s['config']['lr']!r})" in text
+    losses = re.findall(r"CLBufferRead\(m_mem\[(\d+)\],part,(\d+),0,(\d+)\)", step)
+    assert [tuple(map(int, r)) for r in losses] == [
+        (arena[p["arena"]], p["offset"] * item, p["count"]) for p in doc["loss"]["parts"]]
+    # only documented MQL5 OpenCL functions
+    used = set(re.findall(r"\b(CL[A-Z]\w+)\(", text))
+    assert used <= {"CLContextCreate", "CLProgramCreate", "CLKernelCreate", "CLBufferCreate",
+                    "CLSetKernelArgMem", "CLSetKernelArg", "CLExecute", "CLBufferWrite",
+                    "CLBufferRead", "CLKernelFree", "CLBufferFree", "CLProgramFree", "CLContextFree"}
+    assert '#resource "f.cl" as string F_CL' in text and (tmp_path / "f.cl").is_file()
+    # the same plan gives the same text
+    again = load_example("forecast").build_model(**SMALL["forecast"]).export(tmp_path / "b2", train=True)
+    assert mql5.include(export.read(again), "f") == text
+    # a forward-only bundle has no TrainStep
+    fwd_only = mql5.include(export.read(model.export(tmp_path / "b3")), "g")
+    assert "bool              Forward(" in fwd_only and "TrainStep" not in fwd_only
