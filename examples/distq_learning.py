@@ -37,7 +37,8 @@ this file (its docstring has the details). Column names are matched case-insensi
 MetaTrader's <ANGLE> brackets ignored:
   * time: a column named Time, Timestamp, Datetime, Date or Gmt Time; a Date column plus a Time
     column (MetaTrader's export); pandas' unnamed index column (DataFrame.to_csv); or else the
-    first column when it holds dates. --time-column names it. Accepted: "YYYY-MM-DD[ HH:MM[:SS]]"
+    first column when it holds dates. --time-column names it. Accepted timestamps:
+    "YYYY-MM-DD[ HH:MM[:SS]]"
     (also with T, a trailing Z or an offset, which is converted to UTC), "YYYY.MM.DD HH:MM[:SS]",
     "DD.MM.YYYY HH:MM[:SS][.fff]", YYYYMMDD, or Unix seconds.
   * the traded price (--price-column): Close, else Adj Close, Price, Last or Value. Decisions

@@ -250,6 +250,11 @@ def _read_times(table, cols, name):
     return parse_times(texts, lines, table.path, name)
 
 
+def _text(t):
+    text = str(np.datetime64(t, "s"))
+    return text[:-9] if text.endswith("T00:00:00") else text.replace("T", " ")
+
+
 def _order(table, times, what="date"):
     """Indices putting the rows in increasing time order: as they are, or reversed when the whole
     file runs backwards; ValueError at the first row that breaks the order otherwise."""
@@ -259,8 +264,9 @@ def _order(table, times, what="date"):
     bad = np.nonzero(d <= 0)[0]
     if len(bad):
         k = int(bad[0]) + 1
-        raise ValueError(f"{table.path}, line {table.rows[k][0]}: {what} {times[k]} is not after the "
-                         f"previous row's {times[k - 1]} (rows must be in increasing {what} order)")
+        raise ValueError(f"{table.path}, line {table.rows[k][0]}: {what} {_text(times[k])} is not after "
+                         f"the previous row's {_text(times[k - 1])} (rows must be in increasing "
+                         f"{what} order)")
     return np.arange(len(times))
 
 
