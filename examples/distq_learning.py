@@ -439,7 +439,8 @@ def train(bars=None, steps=200, batch=64, lr=1e-3, gamma=0.5, step_size=None, ta
         f"loss {np.mean(losses[:min(20, steps)]):.3f} -> {np.mean(losses[-20:]):.3f} "
         f"(chance 3·ln 15 = {ACTIONS * math.log(BUCKETS):.3f}); target synced "
         f"{len(syncs)} time(s)" + (f", first at step {syncs[0]}" if syncs else ""))
-    say(f"held-out {len(tt)} bars ({data.bars['time'][tt[0]]} .. {data.bars['time'][tt[-1]]}):")
+    say(f"held-out {len(tt)} bars ({timeseries_csv.show(data.bars['time'][tt[0]], freq)} .. "
+        f"{timeseries_csv.show(data.bars['time'][tt[-1]], freq)}):")
     say(f"  trades {report['trades']} (buy {report['buys']}, sell {report['sells']}, "
         f"hold {len(tt) - report['trades']}), wins {report['wins']}, win rate "
         + (f"{report['win_rate']:.1%}" if report["trades"] else "n/a"))
