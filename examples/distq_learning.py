@@ -32,17 +32,23 @@ the action with the highest modal bucket (ties: buy, then sell, then hold).
 Data. Without --csv: synthetic hourly bars (weekdays only) around 1.10 with GARCH(1, 1)-like
 volatility clustering, daily seasonality of volatility and volume (busy European/US hours), and
 a weak hour-of-day drift and short-term momentum for the model to find. With --csv PATH: a
-delimited text file (comma, semicolon or tab) with a header row. Column names are matched
-case-insensitively, with MetaTrader's <ANGLE> brackets ignored:
-  * prices: Open, High, Low, Close;
-  * volume: Volume, or else TickVol / Tick_Volume / Vol;
-  * time: one column named Time, Timestamp, Datetime, Date or Gmt Time, or a Date column plus a
-    Time column (MetaTrader's export). Accepted timestamps: "YYYY-MM-DD HH:MM[:SS]",
-    "YYYY-MM-DDTHH:MM[:SS]" (a trailing Z or "+00:00" is dropped), "YYYY.MM.DD HH:MM[:SS]",
-    "DD.MM.YYYY HH:MM[:SS][.fff]", or integer Unix seconds; with separate columns the date is
-    "YYYY-MM-DD", "YYYY.MM.DD" or "DD.MM.YYYY" and the time "HH:MM[:SS]".
-Rows must be in increasing time order with finite prices and high ≥ low, and there must be at
-least 700 bars. Anything else is rejected with a one-line error naming the problem.
+delimited text file (comma, semicolon or tab) with a header row, read by timeseries_csv.py beside
+this file (its docstring has the details). Column names are matched case-insensitively, with
+MetaTrader's <ANGLE> brackets ignored:
+  * time: a column named Time, Timestamp, Datetime, Date or Gmt Time; a Date column plus a Time
+    column (MetaTrader's export); pandas' unnamed index column (DataFrame.to_csv); or else the
+    first column when it holds dates. --time-column names it. Accepted timestamps:
+    "YYYY-MM-DD[ HH:MM[:SS]]"
+    (also with T, a trailing Z or an offset, which is converted to UTC), "YYYY.MM.DD HH:MM[:SS]",
+    "DD.MM.YYYY HH:MM[:SS][.fff]", YYYYMMDD, or Unix seconds.
+  * the traded price (--price-column): Close, else Adj Close, Price, Last or Value. Decisions
+    earn that price minus the bar's open.
+  * Open, High, Low (--open-column, ...): read when the file has them. A file with only one price
+    column gets bars opening at the previous price, high and low the larger and smaller of the two.
+  * volume: Volume, else TickVol / Tick_Volume / Vol (--volume-column; "none" for zeros).
+Rows must be in time order (a file in reverse order is reversed) with finite prices and
+high ≥ low, and there must be at least 700 bars. Anything else is rejected with a one-line error
+naming the line and the value, and the exit status 2.
 
 What it shows. The last 336 bars (two weeks of hourly bars) are held out. The report gives the
 trades taken on them (every buy or sell decision is a one-bar trade, opened at the bar's open
@@ -57,15 +63,20 @@ with other work it measured up to ~0.6 s/step, about 2 minutes). The target netw
 switches on around step 170 with the defaults. Pass --steps (thousands) for a real run.
 """
 import argparse
-import csv
-import datetime as dt
 import math
 import os
+import sys
 import time
 
 import numpy as np
 
 import kilnet as kn
+
+try:
+    import timeseries_csv
+except ModuleNotFoundError:     # loaded from its path by a tool: the module lies beside this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import timeseries_csv
 
 WINDOW, FEATURES, ACTIONS, BUCKETS = 40, 12, 3, 15
 MID = (BUCKETS + 1) // 2                     # 8, as MQL's integer (N+1)/2
@@ -249,104 +260,12 @@ def synthetic_bars(n=24 * 5 * 40, seed=0, start="2024-01-01T00:00"):
             "close": close, "volume": volume}
 
 
-_TIME_COLS = ("time", "timestamp", "datetime", "date", "gmt time", "date_time")
-_VOL_COLS = ("volume", "tickvol", "tick_volume", "tick volume", "vol")
-_STAMP_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M",
-                  "%Y.%m.%d %H:%M:%S", "%Y.%m.%d %H:%M", "%d.%m.%Y %H:%M:%S.%f", "%d.%m.%Y %H:%M:%S",
-                  "%d.%m.%Y %H:%M")
-_DATE_FORMATS = ("%Y-%m-%d", "%Y.%m.%d", "%d.%m.%Y")
-_CLOCK_FORMATS = ("%H:%M:%S", "%H:%M")
-
-
-def _parse_stamp(text, formats):
-    text = text.strip()
-    if text.endswith("Z"):
-        text = text[:-1]
-    if text.endswith("+00:00"):
-        text = text[:-6]
-    for f in formats:
-        try:
-            return dt.datetime.strptime(text, f)
-        except ValueError:
-            pass
-    return None
-
-
-def read_csv(path, min_bars=MIN_BARS):
+def read_csv(path, min_bars=MIN_BARS, **columns):
     """Read OHLCV bars from ``path`` (layouts in the module docstring); returns the bars dict.
+    ``columns``: time_column, price_column, open_column, high_column, low_column, volume_column.
     Raises ValueError with a one-line message for anything it cannot accept."""
-    if not os.path.isfile(path):
-        raise ValueError(f"{path}: no such file")
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        text = f.read()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        raise ValueError(f"{path}: the file is empty")
-    head = lines[0]
-    delim = max(",;\t", key=head.count)
-    if head.count(delim) == 0:
-        raise ValueError(f"{path}: the header has one column; expected comma-, semicolon- or "
-                         f"tab-separated Open, High, Low, Close, Volume and a time column")
-    rows = list(csv.reader(lines, delimiter=delim))
-    names = [h.strip().strip("<>").strip().lower() for h in rows[0]]
-    col = {n: i for i, n in reversed(list(enumerate(names)))}
-    missing = [k for k in ("open", "high", "low", "close") if k not in col]
-    vol = next((k for k in _VOL_COLS if k in col), None)
-    if vol is None:
-        missing.append("volume")
-    if "date" in col and "time" in col:
-        tcols = (col["date"], col["time"])
-    else:
-        t = next((k for k in _TIME_COLS if k in col), None)
-        tcols = (col[t],) if t else None
-        if t is None:
-            missing.append("time (Time, Timestamp, Datetime or Date)")
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; the header has: "
-                         f"{', '.join(rows[0])}")
-    data = rows[1:]
-    if len(data) < min_bars:
-        raise ValueError(f"{path}: {len(data)} bars; this example needs at least {min_bars} "
-                         f"({TEST_BARS} held out, the rest for indicators, windows and training)")
-    idx = [col[k] for k in ("open", "high", "low", "close")] + [col[vol]]
-    width = max(idx + list(tcols)) + 1
-    values, stamps = np.empty((len(data), 5)), []
-    for r, row in enumerate(data, start=2):
-        if len(row) < width:
-            raise ValueError(f"{path}, line {r}: {len(row)} fields, the header needs {width}")
-        try:
-            values[r - 2] = [float(row[i]) for i in idx]
-        except ValueError:
-            raise ValueError(f"{path}, line {r}: a price or volume is not a number: "
-                             f"{[row[i] for i in idx]}") from None
-        if len(tcols) == 2:
-            d = _parse_stamp(row[tcols[0]], _DATE_FORMATS)
-            c = _parse_stamp(row[tcols[1]], _CLOCK_FORMATS)
-            s = None if d is None or c is None else dt.datetime.combine(d.date(), c.time())
-            raw = f"{row[tcols[0]]} {row[tcols[1]]}"
-        else:
-            raw = row[tcols[0]].strip()
-            s = _parse_stamp(raw, _STAMP_FORMATS)
-            if s is None and raw.isdigit():
-                s = dt.datetime.fromtimestamp(int(raw), dt.timezone.utc).replace(tzinfo=None)
-        if s is None:
-            raise ValueError(f"{path}, line {r}: cannot parse the timestamp {raw!r}; accepted: "
-                             f"YYYY-MM-DD HH:MM[:SS], YYYY.MM.DD HH:MM[:SS], DD.MM.YYYY HH:MM[:SS], "
-                             f"Unix seconds, or separate Date and Time columns")
-        stamps.append(np.datetime64(s.replace(microsecond=0), "s"))
-    if not np.isfinite(values).all():
-        bad = int(np.argwhere(~np.isfinite(values).all(1))[0, 0]) + 2
-        raise ValueError(f"{path}, line {bad}: a price or volume is not finite")
-    times = np.array(stamps, dtype="datetime64[s]")
-    back = np.nonzero(np.diff(times) <= np.timedelta64(0, "s"))[0]
-    if len(back):
-        raise ValueError(f"{path}, line {back[0] + 3}: timestamp {times[back[0] + 1]} is not after "
-                         f"the previous one; rows must be in increasing time order")
-    if (values[:, 1] < values[:, 2]).any():
-        bad = int(np.argmax(values[:, 1] < values[:, 2])) + 2
-        raise ValueError(f"{path}, line {bad}: high is below low")
-    o, h, l, c, v = values.T
-    return {"time": times, "open": o, "high": h, "low": l, "close": c, "volume": v}
+    return timeseries_csv.read_bars(path, min_bars=min_bars, need=(
+        f"{TEST_BARS} held out, the rest for indicators, windows and training"), **columns)
 
 
 class Dataset:
@@ -468,7 +387,12 @@ def train(bars=None, steps=200, batch=64, lr=1e-3, gamma=0.5, step_size=None, ta
     data = Dataset(bars)
     train_r = data.r[data.first:data.split]
     step = float(step_size) if step_size else float(np.std(train_r)) or 1e-4
-    say(f"{data.n} {source} from {bars['time'][0]} to {bars['time'][-1]}; "
+    freq = timeseries_csv.infer_frequency(bars["time"])
+    if "columns" in bars:
+        say("columns: " + ", ".join(f"{k} {v!r}" if v is not None else f"{k} (none)"
+                                    for k, v in bars["columns"].items()))
+    say(f"{data.n} {freq.label} {source} from {timeseries_csv.show(bars['time'][0], freq)} to "
+        f"{timeseries_csv.show(bars['time'][-1], freq)}; "
         f"{data.split - data.first} training decisions, {data.n - data.split} held out; "
         f"bucket step {step:.3g}")
 
@@ -515,7 +439,8 @@ def train(bars=None, steps=200, batch=64, lr=1e-3, gamma=0.5, step_size=None, ta
         f"loss {np.mean(losses[:min(20, steps)]):.3f} -> {np.mean(losses[-20:]):.3f} "
         f"(chance 3·ln 15 = {ACTIONS * math.log(BUCKETS):.3f}); target synced "
         f"{len(syncs)} time(s)" + (f", first at step {syncs[0]}" if syncs else ""))
-    say(f"held-out {len(tt)} bars ({data.bars['time'][tt[0]]} .. {data.bars['time'][tt[-1]]}):")
+    say(f"held-out {len(tt)} bars ({timeseries_csv.show(data.bars['time'][tt[0]], freq)} .. "
+        f"{timeseries_csv.show(data.bars['time'][tt[-1]], freq)}):")
     say(f"  trades {report['trades']} (buy {report['buys']}, sell {report['sells']}, "
         f"hold {len(tt) - report['trades']}), wins {report['wins']}, win rate "
         + (f"{report['win_rate']:.1%}" if report["trades"] else "n/a"))
@@ -532,6 +457,13 @@ def main(argv=None):
                                  epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--csv", metavar="PATH", help="OHLCV bars to use instead of synthetic ones")
+    ap.add_argument("--time-column", metavar="NAME", help="the timestamp column (default: found)")
+    ap.add_argument("--price-column", metavar="NAME",
+                    help="the price traded on, read as the close (default Close, Adj Close, Price, ...)")
+    for k in ("open", "high", "low"):
+        ap.add_argument(f"--{k}-column", metavar="NAME", help=f"the {k} column (default {k.title()})")
+    ap.add_argument("--volume-column", metavar="NAME",
+                    help="the volume column (default Volume, TickVol, Vol; none: zeros)")
     ap.add_argument("--steps", type=int, default=200, help="training steps (default 200, under a minute uncontended)")
     ap.add_argument("--batch", type=int, default=64, help="samples per step (default 64)")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
@@ -557,15 +489,17 @@ def main(argv=None):
         ap.error(f"--bars must be >= {MIN_BARS}")
     if args.step_size is not None and not args.step_size > 0:
         ap.error("--step-size must be > 0")
+    columns = {f"{k}_column": getattr(args, f"{k}_column")
+               for k in ("time", "price", "open", "high", "low", "volume")}
     try:
-        bars = read_csv(args.csv) if args.csv else synthetic_bars(args.bars, seed=args.seed)
+        bars = read_csv(args.csv, **columns) if args.csv else synthetic_bars(args.bars, seed=args.seed)
     except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
     return train(bars, steps=args.steps, batch=args.batch, lr=args.lr, gamma=args.gamma,
                  step_size=args.step_size, target_below=args.target_below,
                  sync_every=args.sync_every, width=args.width, seed=args.seed,
                  log_every=args.log_every, plot_path=args.plot, device=args.device,
-                 source=f"bars from {args.csv}" if args.csv else "synthetic bars")
+                 source=f"bars in {os.path.basename(args.csv)}" if args.csv else "synthetic bars")
 
 
 if __name__ == "__main__":

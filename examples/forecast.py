@@ -18,116 +18,66 @@ part's standard deviation (the forecast is rescaled back for the report).
 Timestamps are seconds since the first date of the series (not Unix time), so they stay exact
 enough in float32 (a century of seconds rounds to 256 s, far below a day).
 
-Data: ``--csv PATH`` with a header row, a date column (``--date-column``, default "date") and a
-numeric value column (``--value-column``, default "value"); other columns are ignored. Accepted
-date formats, one per file: ``YYYY-MM-DD`` (daily; periods week and year, season 7),
-``YYYY-MM`` (monthly; period year, season 12) and ``YYYY`` (yearly; period a decade, season 1).
-Rows must be in increasing date order. Anything else (a missing column, an unparsable date, a
-non-numeric value, dates out of order, fewer rows than history + 2·horizon + a few windows)
-is rejected with a one-line error. Without ``--csv``: a synthetic daily series of trend + weekly
-and yearly seasonality + noise.
+Data: ``--csv PATH``, read by ``timeseries_csv.py`` beside this file (see its docstring): a
+header row and comma, semicolon or tab delimiters; the date is a column named date, time,
+timestamp, datetime, ds or period, a Date plus a Time column (MetaTrader), pandas' unnamed index
+column, or else the first column; ``--date-column`` names it. The value is a column named value,
+y, close, price or target, or else the only numeric column; ``--value-column`` names it. Dates:
+``YYYY-MM-DD[ HH:MM[:SS]]`` (also with T, a Z or an offset, / or . for -), ``YYYYMMDD``,
+``DD.MM.YYYY``, ``YYYY-MM``, ``YYYY`` or Unix seconds. The frequency is the median spacing of
+the dates (gaps are kept as they are, not filled: the windows run over rows and carry the real
+timestamps), and sets the harmonics' periods and the season length:
+
+    minute   season 1440 (a day)  periods hour, day       week      season 52   period year
+    hour     season 24            periods day, week       month     season 12   period year
+    day      season 7             periods week, year      quarter   season 4    period year
+    business day (no weekends)  season 5  periods week, year        year  season 1  period 10 years
+
+Anything else (a missing column, an unparsable date, a non-numeric value, dates out of order,
+fewer rows than history + 2·horizon + a few windows) is rejected with a one-line error naming
+the line. Without ``--csv``: a synthetic daily series of trend + weekly and yearly seasonality
++ noise.
 
 Shows: the training loss, and MAE and RMSE on a held-out tail of the series (windows whose
 targets lie in the last ``--test-fraction``) for the model, the naive forecast (the last value
-repeated) and the seasonal-naive forecast (the value one season earlier).
+repeated) and the seasonal-naive forecast (the value one season earlier; left out when the held-out tail
+starts less than one season into the series).
 """
 import argparse
-import csv
-import datetime as dt
-import math
 import os
-import re
+import sys
 import time
 
 import numpy as np
 
 import kilnet as kn
 
-DAY = 86400.0
-YEAR = 365.25 * DAY
-FORMATS = {  # name: (regex, periods in seconds, season length in steps)
-    "daily": (re.compile(r"^\d{4}-\d{2}-\d{2}$"), [7 * DAY, YEAR], 7),
-    "monthly": (re.compile(r"^\d{4}-\d{2}$"), [YEAR], 12),
-    "yearly": (re.compile(r"^\d{4}$"), [10 * YEAR], 1),
-}
+try:
+    import timeseries_csv
+except ModuleNotFoundError:     # loaded from its path by a tool: the module lies beside this file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import timeseries_csv
+
+DAY, YEAR = timeseries_csv.DAY, timeseries_csv.YEAR
 
 
-def _parse_date(text, kind):
-    parts = [int(p) for p in text.split("-")]
-    if kind == "daily":
-        return dt.date(*parts)
-    if kind == "monthly":
-        return dt.date(parts[0], parts[1], 1)
-    return dt.date(parts[0], 1, 1)
-
-
-def read_csv(path, date_column="date", value_column="value", min_rows=None):
+def read_csv(path, date_column=None, value_column=None, min_rows=None):
     """Read a series from ``path``: (seconds since the first date (float64), values (float64),
-    kind: "daily", "monthly" or "yearly"). Raises ValueError with a one-line message on a
-    malformed file."""
-    name = os.path.basename(path)
-    try:
-        with open(path, newline="") as f:
-            reader = csv.reader(f)
-            header = next(reader, None)
-            rows = list(reader)
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
-    if not header:
-        raise ValueError(f"{name}: empty file (expected a header with {date_column!r} and "
-                         f"{value_column!r})")
-    header = [h.strip() for h in header]
-    for col in (date_column, value_column):
-        if col not in header:
-            raise ValueError(f"{name}: no column {col!r} in the header (columns: "
-                             f"{', '.join(header)}); choose with --date-column/--value-column")
-    di, vi = header.index(date_column), header.index(value_column)
-    rows = [r for r in rows if any(c.strip() for c in r)]          # skip blank lines
-    if not rows:
-        raise ValueError(f"{name}: no data rows")
-    first = rows[0][di].strip() if len(rows[0]) > di else ""
-    kind = next((k for k, (rx, _, _) in FORMATS.items() if rx.match(first)), None)
-    if kind is None:
-        raise ValueError(f"{name}, line 2: unparsable date {first!r} in column {date_column!r} "
-                         "(accepted: YYYY-MM-DD, YYYY-MM or YYYY)")
-    dates, values = [], []
-    for line, r in enumerate(rows, start=2):
-        if len(r) <= max(di, vi):
-            raise ValueError(f"{name}, line {line}: {len(r)} fields, expected at least {max(di, vi) + 1}")
-        d, v = r[di].strip(), r[vi].strip()
-        try:
-            if not FORMATS[kind][0].match(d):
-                raise ValueError
-            date = _parse_date(d, kind)
-        except ValueError:
-            raise ValueError(f"{name}, line {line}: unparsable date {d!r} (the file's dates are "
-                             f"{kind}: expected {['YYYY-MM-DD', 'YYYY-MM', 'YYYY'][list(FORMATS).index(kind)]})") from None
-        try:
-            value = float(v)
-        except ValueError:
-            raise ValueError(f"{name}, line {line}: value {v!r} in column {value_column!r} is not a number") from None
-        if not math.isfinite(value):
-            raise ValueError(f"{name}, line {line}: value {v!r} is not finite")
-        if dates and date <= dates[-1]:
-            raise ValueError(f"{name}, line {line}: date {d} is not after the previous row's "
-                             f"{dates[-1]} (rows must be in increasing date order)")
-        dates.append(date)
-        values.append(value)
-    if min_rows is not None and len(values) < min_rows:
-        raise ValueError(f"{name}: too few rows: {len(values)}, need at least {min_rows} "
-                         "(history + horizon and enough windows to train and test)")
-    seconds = np.array([(d - dates[0]).days * DAY for d in dates])
-    return seconds, np.array(values), kind
+    timeseries_csv.Series). Raises ValueError with a one-line message on a malformed file."""
+    series = timeseries_csv.read_series(path, date_column, value_column, min_rows=min_rows,
+                                        need="history + horizon and enough windows to train and test")
+    t = series.times.astype(np.int64)
+    return (t - t[0]).astype(np.float64), series.values, series
 
 
 def synthetic(n=1000, seed=0):
-    """A daily series: trend + weekly and yearly seasonality + noise (seconds, values, "daily")."""
+    """A daily series: trend + weekly and yearly seasonality + noise (seconds, values, frequency)."""
     rng = np.random.default_rng(seed)
     day = np.arange(n, dtype=np.float64)
     weekly = np.array([0.0, 0.4, 0.6, 0.5, 0.9, 2.2, 1.8])
     values = (10.0 + 0.01 * day + 2.0 * weekly[day.astype(int) % 7]
               + 1.5 * np.sin(2 * np.pi * day / 365.25) + rng.normal(0.0, 0.35, n))
-    return day * DAY, values, "daily"
+    return day * DAY, values, timeseries_csv.infer_frequency((day * DAY).astype("datetime64[s]"))
 
 
 def build_graph(history=64, horizon=14, width=16, periods=(7 * DAY, YEAR), filters=8,
@@ -183,7 +133,7 @@ def errors(pred, actual):
     return {"mae": float(np.abs(d).mean()), "rmse": float(np.sqrt((d ** 2).mean()))}
 
 
-def plot(path, losses, seconds, values, origin, forecast, kind):
+def plot(path, losses, seconds, values, origin, forecast, freq):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -193,32 +143,36 @@ def plot(path, losses, seconds, values, origin, forecast, kind):
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
     a.plot(losses, lw=0.8)
     a.set(title="training loss (mse, scaled)", xlabel="step", yscale="log")
-    step = {"daily": DAY, "monthly": YEAR / 12, "yearly": YEAR}[kind]
     lo = max(0, origin - 3 * len(forecast))
-    xs = seconds / step
+    xs = seconds / freq.step
     b.plot(xs[lo:], values[lo:], label="actual", color="k", lw=1)
     b.plot(xs[origin:origin + len(forecast)], forecast, label="forecast", color="C1", lw=2)
     b.axvline(xs[origin], color="grey", ls=":")
-    b.set(title="last held-out window", xlabel={"daily": "days", "monthly": "months", "yearly": "years"}[kind] + " since start")
+    b.set(title="last held-out window", xlabel=f"steps of {freq.step / 3600:g} h since the start" if freq.step < DAY else
+          f"steps of {freq.step / DAY:.4g} days since the start")
     b.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def train(csv_path=None, date_column="date", value_column="value", steps=600, batch=32,
+def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=32,
           history=64, horizon=14, width=16, lr=3e-3, test_fraction=0.2, seed=0, log_every=100,
           plot_path=None, progress=True, quiet=False, series_length=1000):
     """Train and evaluate; returns a dict with the per-step losses and the report."""
     say = (lambda *a: None) if quiet else print
     min_rows = history + horizon + 2 * batch + horizon
     if csv_path:
-        seconds, values, kind = read_csv(csv_path, date_column, value_column, min_rows=min_rows)
+        seconds, values, series = read_csv(csv_path, date_column, value_column, min_rows=min_rows)
+        freq = series.freq
         source = os.path.basename(csv_path)
+        columns = (f" from {timeseries_csv.show(series.times[0], freq)} to "
+                   f"{timeseries_csv.show(series.times[-1], freq)}; date column "
+                   f"{series.date_column!r}, value column {series.value_column!r}")
     else:
-        seconds, values, kind = synthetic(series_length, seed)
-        source = f"synthetic daily series ({len(values)} days)"
-    _, periods, season = FORMATS[kind]
+        seconds, values, freq = synthetic(series_length, seed)
+        source, columns = f"synthetic daily series ({len(values)} days)", ""
+    periods, season = freq.periods, freq.season
     n = len(values)
     if n < min_rows:
         raise ValueError(f"series of {n} values too short: need at least {min_rows}")
@@ -232,8 +186,11 @@ def train(csv_path=None, date_column="date", value_column="value", steps=600, ba
     scale = float(np.std(values[:test_start])) or 1.0
     x_tr, t_tr, y_tr, _ = windows(values, seconds, train_origins, history, horizon, scale)
     x_te, t_te, y_te, last_te = windows(values, seconds, test_origins, history, horizon, scale)
-    say(f"data: {source}, {kind}, {n} values; {len(train_origins)} training windows, "
-        f"{len(test_origins)} held-out windows (history {history}, horizon {horizon})")
+    gaps = f", {freq.gaps} gaps longer than 1.5 steps (kept)" if freq.gaps else ""
+    say(f"data: {source}, {freq.label}, {n} values{columns}")
+    say(f"season {season} steps, harmonics of {', '.join(_period(p) for p in periods)}{gaps}; "
+        f"{len(train_origins)} training windows, {len(test_origins)} held-out windows "
+        f"(history {history}, horizon {horizon})")
 
     t0 = time.perf_counter()
     model = build_model(batch=batch, lr=lr, seed=seed, history=history, horizon=horizon,
@@ -254,28 +211,42 @@ def train(csv_path=None, date_column="date", value_column="value", steps=600, ba
     actual = y_te * scale + last_te[:, None]
     naive = np.repeat(last_te[:, None], horizon, axis=1)
     h = np.arange(horizon)
-    seasonal = values[test_origins[:, None] - season + (h[None, :] % season)]
-    report = {"model": errors(pred, actual), "naive": errors(naive, actual),
-              "seasonal_naive": errors(seasonal, actual)}
+    report = {"model": errors(pred, actual), "naive": errors(naive, actual)}
+    if test_origins[0] >= season:
+        seasonal = values[test_origins[:, None] - season + (h[None, :] % season)]
+        report["seasonal_naive"] = errors(seasonal, actual)
     say(f"\ntrained {steps} steps of {batch} windows in {elapsed:.1f} s "
         f"({steps * batch / elapsed:.0f} windows/s)")
     say(f"held-out tail: last {n - test_start} values, {len(test_origins)} forecasts of {horizon} steps")
     say(f"{'forecast':<22}{'MAE':>10}{'RMSE':>10}")
     for key, label in (("model", "model"), ("naive", "naive (last value)"),
                        ("seasonal_naive", f"seasonal naive ({season})")):
-        say(f"{label:<22}{report[key]['mae']:>10.4f}{report[key]['rmse']:>10.4f}")
+        if key in report:
+            say(f"{label:<22}{report[key]['mae']:>10.4f}{report[key]['rmse']:>10.4f}")
+        else:
+            say(f"{label:<22}{'n/a':>10}{'n/a':>10}  (the held-out tail starts before step {season})")
     if plot_path:
-        plot(plot_path, losses, seconds, values, int(test_origins[-1]), pred[-1], kind)
+        plot(plot_path, losses, seconds, values, int(test_origins[-1]), pred[-1], freq)
         say(f"wrote {plot_path}")
-    return {"model": model, "losses": losses, "report": report, "kind": kind}
+    return {"model": model, "losses": losses, "report": report, "kind": freq.label, "freq": freq}
+
+
+def _period(seconds):
+    for unit, size in (("years", YEAR), ("weeks", 7 * DAY), ("days", DAY), ("hours", 3600.0)):
+        if seconds >= size:
+            n = seconds / size
+            return f"{n:g} {unit}" if n != 1 else unit[:-1]
+    return f"{seconds:g} s"
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--csv", metavar="PATH", help="a CSV with a date and a value column (see above)")
-    ap.add_argument("--date-column", default="date", help="the date column's name (default date)")
-    ap.add_argument("--value-column", default="value", help="the value column's name (default value)")
+    ap.add_argument("--date-column", metavar="NAME",
+                    help="the date column (default: found from the header, see above)")
+    ap.add_argument("--value-column", metavar="NAME",
+                    help="the value column (default: value, y, close, ... or the only numeric one)")
     ap.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
     ap.add_argument("--batch", type=int, default=32, help="windows per step (default 32)")
     ap.add_argument("--history", type=int, default=64, help="past values the model sees (default 64)")

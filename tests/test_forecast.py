@@ -43,8 +43,8 @@ def test_tiny_run_learns_and_reports(fc, capsys, tmp_path):
 
 
 def test_plot_writes_a_png_or_says_matplotlib_is_missing(fc, tmp_path):
-    s, v, _ = fc.synthetic(60)
-    args = (str(tmp_path / "p.png"), [1.0, 0.5, 0.25], s, v, 40, v[40:47] + 0.1, "daily")
+    s, v, freq = fc.synthetic(60)
+    args = (str(tmp_path / "p.png"), [1.0, 0.5, 0.25], s, v, 40, v[40:47] + 0.1, freq)
     if has_matplotlib():
         fc.plot(*args)
         assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
@@ -65,8 +65,8 @@ def write(path, text):
 ])
 def test_csv_reader_accepts_each_date_format(fc, tmp_path, dates, kind, gap):
     body = "value,date,other\n" + "".join(f"{i + 0.5},{d},x\n" for i, d in enumerate(dates))
-    seconds, values, got = fc.read_csv(write(tmp_path / "s.csv", body))
-    assert got == kind
+    seconds, values, series = fc.read_csv(write(tmp_path / "s.csv", body))
+    assert series.freq.label == kind
     assert values.tolist() == [0.5, 1.5, 2.5]
     assert seconds[0] == 0 and np.diff(seconds).tolist() == gap
 
@@ -81,15 +81,16 @@ def test_csv_runs_end_to_end_and_column_flags(fc, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("body,message", [
-    ("date,price\n2020-01-01,1\n", "no column 'value' in the header (columns: date, price)"),
+    ("date,cost,tax\n2020-01-01,1,2\n", "several numeric columns (cost, tax); choose one with --value-column"),
     ("date,value\n2020-01-01,1\n2020-13-02,2\n", "line 3: unparsable date '2020-13-02'"),
-    ("date,value\n01/02/2020,1\n", "unparsable date '01/02/2020' in column 'date' (accepted: YYYY-MM-DD, YYYY-MM or YYYY)"),
+    ("date,value\n01/02/2020,1\n", "line 2: unparsable date '01/02/2020' in column 'date' (accepted: YYYY-MM-DD[ HH:MM[:SS]], YYYYMMDD"),
     ("date,value\n2020-01,1\n2020-02-01,2\n", "line 3: unparsable date '2020-02-01'"),
     ("date,value\n2020-01-01,1\n2020-01-02,abc\n", "line 3: value 'abc' in column 'value' is not a number"),
-    ("date,value\n2020-01-02,1\n2020-01-01,2\n", "line 3: date 2020-01-01 is not after"),
+    ("date,value\n2020-01-02,1\n2020-01-03,1\n2020-01-01,2\n", "line 4: date 2020-01-01 is not after"),
     ("date,value\n2020-01-01\n", "line 2: 1 fields"),
     ("", "empty file"),
     ("date,value\n", "no data rows"),
+    ("date,value\n2020-01-01,1\n", "too few rows: 1"),
 ])
 def test_csv_reader_rejects_malformed_files(fc, tmp_path, body, message):
     with pytest.raises(ValueError) as e:
@@ -108,3 +109,49 @@ def test_too_few_rows_is_a_clear_command_line_error(fc, tmp_path, capsys):
     with pytest.raises(SystemExit):
         fc.main(["--csv", str(tmp_path / "missing.csv")])
     assert "cannot read" in capsys.readouterr().err
+
+
+TINY = ["--steps", "3", "--batch", "8", "--history", "16", "--horizon", "7", "--width", "8",
+        "--no-progress"]
+
+
+def test_weekly_series_with_its_own_column_names(fc, tmp_path, capsys):
+    s, v, _ = fc.synthetic(120, seed=2)
+    weeks = np.datetime64("2021-01-03") + 7 * np.arange(120)
+    path = write(tmp_path / "w.csv", "Week;Store;Units\n" + "".join(
+        f"{d};7;{x:.3f}\n".replace(".", ",") for d, x in zip(weeks, v)))
+    result = fc.main(["--csv", path, "--value-column", "units"] + TINY)
+    out = capsys.readouterr().out
+    assert result["freq"].unit == "week" and set(result["report"]) == {"model", "naive", "seasonal_naive"}
+    assert "w.csv, weekly, 120 values from 2021-01-03 to 2023-04-16" in out
+    assert "season 52 steps, harmonics of year" in out and "seasonal naive (52)" in out
+
+
+def test_compact_dates_and_a_pandas_index(fc, tmp_path, capsys):
+    s, v, _ = fc.synthetic(120, seed=3)
+    days = [str(np.datetime64("2021-03-01") + int(x // 86400)).replace("-", "") for x in s]
+    path = write(tmp_path / "c.csv", ",sales\n" + "".join(f"{d},{x:.3f}\n" for d, x in zip(days, v)))
+    result = fc.main(["--csv", path] + TINY)
+    out = capsys.readouterr().out
+    assert result["kind"] == "daily" and "c.csv, daily, 120 values from 2021-03-01 to 2021-06-28" in out
+    assert "date column '(unnamed)', value column 'sales'" in out
+
+
+def test_hourly_series_from_a_metatrader_export(fc, tmp_path, capsys):
+    s, v, _ = fc.synthetic(120, seed=4)
+    t = np.datetime64("2024-01-31T00:00", "s") + 3600 * np.arange(120)
+    path = write(tmp_path / "h.csv", "<DATE>\t<TIME>\t<CLOSE>\t<TICKVOL>\n" + "".join(
+        f"{str(x)[:10].replace('-', '.')}\t{str(x)[11:]}\t{y:.4f}\t5\n" for x, y in zip(t, v)))
+    result = fc.main(["--csv", path, "--value-column", "<CLOSE>"] + TINY)
+    out = capsys.readouterr().out
+    assert result["freq"].label == "hourly" and "season 24 steps, harmonics of day, week" in out
+
+
+def test_a_bad_line_exits_2_with_one_line(fc, tmp_path, capsys):
+    lines = ["date,value"] + [f"{np.datetime64('2020-01-01') + i},{i}" for i in range(80)]
+    lines[41] = "2020-02-30,40"
+    with pytest.raises(SystemExit) as e:
+        fc.main(["--csv", write(tmp_path / "b.csv", "\n".join(lines))] + TINY)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "b.csv, line 42: unparsable date '2020-02-30' in column 'date'" in err
