@@ -176,3 +176,31 @@ def test_kilnet_devices_says_which_devices_build_and_which_is_the_default(fresh,
     assert rows[next(r["id"] for r in kn.devices() if r["device"] == order[0].name.strip()
                      and r["platform"] == order[0].platform.name.strip())].rstrip().endswith("NO")
     assert f"default device: " in out and order[1].name.strip() in out.split("default device:")[1]
+
+
+def test_a_really_broken_pocl_is_skipped_and_refused_by_name(tmp_path):
+    """PoCL made unable to build for real (an option its compiler rejects, as its LLVM 14 rejects a
+    Zen 5 CPU): the default still compiles and trains, on Intel's runtime; `kilnet devices` says
+    why PoCL cannot build; KILNET_DEVICE=pocl is refused with PoCL's own error and the fix."""
+    env = dict(os.environ, POCL_EXTRA_BUILD_FLAGS="-mcpu=bogus", KILNET_CACHE_DIR=str(tmp_path))
+    env.pop("KILNET_DEVICE", None)
+    code = ("import numpy as np, kilnet as kn\n"
+            "g = kn.Graph('g'); g.output('y', kn.dense(g.input('x', (3,)), 2))\n"
+            "m = kn.compile(g, batch=2, loss='mse', optimizer=kn.SGD(0.1))\n"
+            "print(m.summary().splitlines()[0])\n"
+            "print(m.train_step({'x': np.ones((2, 3))}, {'y': np.zeros((2, 2))}))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "(intel, cpu kernel form)" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "kilnet", "devices"], capture_output=True, text=True,
+                       env=env, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "(pocl) cannot build kernels: " in r.stdout and "INVALID_BUILD_OPTIONS" in r.stdout
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(env, KILNET_DEVICE="pocl"), timeout=300, cwd=ROOT)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()
+    assert any("CompileError: device pocl" in ln and "cannot build kernels" in ln and
+               "INVALID_BUILD_OPTIONS" in ln for ln in last)
+    assert any("fix:" in ln and "intel-opencl-rt" in ln for ln in last)
