@@ -312,7 +312,7 @@ def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers
     poisonable = [b.name for b in lo.buffers.values()
                   if b.role in poison_roles or (b.role == "grad" and b.name in lo.grad_written)]
     return Plan(graph=graph, batch=batch, dtype=dtype, loss=dict(loss), optimizer=optimizer,
-                target=target, input_grads=input_grads, debug_buffers=debug_buffers,
+                input_grads=input_grads, debug_buffers=debug_buffers,
                 buffers=lo.buffers, arenas=lo.arenas, sources=lo.spec.sources, launches=lo.launches,
                 feeds={n: lo.value_buffer(v) for n, v in graph.inputs.items()},
                 outputs={n: lo.value_buffer(v) for n, v in graph.outputs.items()},
