@@ -32,7 +32,10 @@ SMALL = {
 
 
 def test_every_example_is_covered():
-    found = {f[:-3] for f in os.listdir(EXAMPLES) if f.endswith(".py")}
+    def is_model(f):        # examples/timeseries_csv.py is the examples' data reader
+        with open(os.path.join(EXAMPLES, f)) as fh:
+            return "def build_model(" in fh.read()
+    found = {f[:-3] for f in os.listdir(EXAMPLES) if f.endswith(".py") and is_model(f)}
     assert found == set(SMALL)
 
 
