@@ -30,6 +30,72 @@ from ..errors import CompileError, KilnetError
 
 DEFAULT_BUCKET_BYTES = 4 << 20      # overlap=True: reduce the gradients in buckets of ~4 MiB
 _POLL_S = 50e-6
+DEFAULT_TIMEOUT_S = 600.0           # as torch.distributed's default; KILNET_MPI_TIMEOUT changes it
+
+
+class RankTimeout(KilnetError):
+    """A collective did not complete in time: another rank left (``sys.exit`` mid-training, which
+    MPI sees as a clean exit) or is stuck. Uncaught, it aborts the job on every rank."""
+
+
+def timeout_s():
+    """KILNET_MPI_TIMEOUT in seconds (0: wait forever), default 600."""
+    v = os.environ.get("KILNET_MPI_TIMEOUT")
+    if not v:
+        return DEFAULT_TIMEOUT_S
+    try:
+        t = float(v)
+    except ValueError:
+        raise CompileError(f"KILNET_MPI_TIMEOUT must be a number of seconds, got {v!r}") from None
+    return t if t > 0 else None
+
+
+def wait(reqs, what, progress=None):
+    """Wait for the MPI requests ``reqs``; after KILNET_MPI_TIMEOUT seconds raise RankTimeout
+    naming ``what``. A process that is killed or crashes is ended by mpiexec (MPICH aborts the
+    job when a rank dies without MPI_Finalize) and an uncaught exception aborts through
+    ``abort_on_uncaught_exception``; this bound covers a rank that leaves cleanly or hangs."""
+    MPI = mpi()
+    limit = timeout_s()
+    if limit is None:
+        MPI.Request.Waitall(reqs)
+        return
+    deadline = time.monotonic() + limit
+    spins = 0
+    while not MPI.Request.Testall(reqs):
+        spins += 1
+        if spins > 200:                  # after a short spin, poll without burning a core
+            time.sleep(_POLL_S)
+            if time.monotonic() > deadline:
+                raise RankTimeout(
+                    f"{what}: not every rank took part within {limit:g} s (KILNET_MPI_TIMEOUT): "
+                    f"a rank has left (sys.exit mid-training) or is stuck")
+
+
+def allgather_obj(comm, obj, what):
+    """comm.allgather for picklable objects, bounded by the timeout."""
+    import pickle
+    MPI = mpi()
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    sizes = np.zeros(comm.Get_size(), np.int64)
+    wait([comm.Iallgather([np.array([data.size], np.int64), MPI.INT64_T], [sizes, MPI.INT64_T])],
+         what)
+    out = np.empty(int(sizes.sum()), np.uint8)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    wait([comm.Iallgatherv([data, MPI.BYTE], [out, (sizes, offsets), MPI.BYTE])], what)
+    return [pickle.loads(out[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
+
+
+def bcast_obj(comm, obj, what, root=0):
+    """comm.bcast for picklable objects, bounded by the timeout."""
+    import pickle
+    MPI = mpi()
+    data = np.frombuffer(pickle.dumps(obj), np.uint8) if comm.Get_rank() == root else None
+    size = np.array([0 if data is None else data.size], np.int64)
+    wait([comm.Ibcast([size, MPI.INT64_T], root=root)], what)
+    buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
+    wait([comm.Ibcast([buf, MPI.BYTE], root=root)], what)
+    return pickle.loads(buf.tobytes())
 
 
 def mpi():
@@ -145,7 +211,7 @@ def agree(comm, mine):
     rank = comm.Get_rank()
     summary = ("error", f"{type(mine).__name__}: {mine}") if isinstance(mine, BaseException) \
         else ("ok", mine)
-    every = comm.allgather(summary)
+    every = allgather_obj(comm, summary, "compile (the ranks compare their plans)")
     failed = [(r, msg) for r, (kind, msg) in enumerate(every) if kind == "error"]
     if failed:
         if isinstance(mine, BaseException):
@@ -157,15 +223,17 @@ def agree(comm, mine):
     for r, (_, fp) in enumerate(every):
         if fp["hash"] == ref["hash"]:
             continue
+        graph_differs = fp["fields"]["graph"] != ref["fields"]["graph"]
+        follow = ("graph", "layout", "host_steps") if graph_differs else ()   # said by the node
         diffs = [f"{k} {fp['fields'][k]!r} (rank 0: {ref['fields'][k]!r})"
-                 for k in fp["fields"] if fp["fields"][k] != ref["fields"][k]]
-        if fp["fields"]["graph"] != ref["fields"]["graph"]:
+                 for k in fp["fields"] if fp["fields"][k] != ref["fields"][k] and k not in follow]
+        if graph_differs:
             mine_nodes, ref_nodes = fp["nodes"], ref["nodes"]
             first = next((i for i, (a, b) in enumerate(zip(mine_nodes, ref_nodes)) if a != b),
                          min(len(mine_nodes), len(ref_nodes)))
             here = mine_nodes[first] if first < len(mine_nodes) else "(none)"
             there = ref_nodes[first] if first < len(ref_nodes) else "(none)"
-            diffs.append(f"first differing node #{first}: {here} (rank 0: {there})")
+            diffs.append(f"graph differs, first at node #{first}: {here} (rank 0: {there})")
         bad.append(f"rank {r}: " + "; ".join(diffs))
     if bad:
         raise CompileError(f"data-parallel ranks must compile the same plan (graph, per-rank "
@@ -176,7 +244,8 @@ def agree(comm, mine):
 def agree_ok(comm, error):
     """After a local step that may fail on some ranks only (building kernels, reading a
     checkpoint): every rank raises if any failed."""
-    every = comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
+    every = allgather_obj(comm, None if error is None else f"{type(error).__name__}: {error}",
+                          "start-up")
     failed = [(r, m) for r, m in enumerate(every) if m is not None]
     if failed:
         if error is not None:
@@ -203,6 +272,7 @@ class Replicas:
         self.buckets = self._buckets(self.bucket_bytes // executor.item) if overlap else \
             ([(0, n)] if n else [])
         self.seconds = {"reduce": 0.0, "staging": 0.0}
+        self.steps = 0
 
     # -- start --------------------------------------------------------------------------------
     def broadcast(self):
@@ -213,7 +283,7 @@ class Replicas:
                 continue
             a = np.zeros(n, self.np_dtype)
             self.exec.read_span(role, 0, n, a)
-            self.comm.Bcast([a, self.mpi_dtype], root=0)
+            wait([self.comm.Ibcast([a, self.mpi_dtype], root=0)], "broadcast of rank 0's " + role)
             self.exec.write_span(role, 0, n, a)
             self.exec.finish()
 
@@ -223,7 +293,7 @@ class Replicas:
         local = np.empty(b.size, self.np_dtype)
         self.exec.read_span(b.role, b.offset, b.offset + b.size, _shifted(local, b.offset))
         every = np.empty((self.size, b.size), self.np_dtype)
-        self.comm.Allgather([local, self.mpi_dtype], [every, self.mpi_dtype])
+        wait([self.comm.Iallgather([local, self.mpi_dtype], [every, self.mpi_dtype])], step.name)
         every = every.astype(np.float64)
         if step.kind == "sum":
             out = every[0].copy()
@@ -283,9 +353,9 @@ class Replicas:
             if self.host.size:
                 self.exec.read_span("grad", 0, self.host.size, self.host)
             t1 = time.perf_counter()
-            total = self._loss_sum(loss)
-            if self.host.size:
-                self.comm.Allreduce(MPI.IN_PLACE, [self.host, self.mpi_dtype], op=MPI.SUM)
+            reqs = [self.comm.Iallreduce(MPI.IN_PLACE, [self.host, self.mpi_dtype], op=MPI.SUM)] \
+                if self.host.size else []
+            total = self._loss_sum(loss, reqs)
             self.seconds["staging"] += t1 - t0
             self.seconds["reduce"] += time.perf_counter() - t1
             return total
@@ -314,13 +384,16 @@ class Replicas:
             lo, hi = self.buckets[k]
             reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, [self.host[lo:hi], self.mpi_dtype],
                                              op=MPI.SUM))
-        total = self._loss_sum(loss())
-        MPI.Request.Waitall(reqs)
-        return total
+        return self._loss_sum(loss(), reqs)
 
-    def _loss_sum(self, loss):
+    def _loss_sum(self, loss, reqs):
+        """Sum [loss, non-finite flag] over the ranks, then wait for ``reqs`` (the gradients'
+        reductions) too: (summed loss, ranks with a non-finite loss)."""
         buf = np.array([loss, 0.0 if math.isfinite(loss) else 1.0])
-        self.comm.Allreduce(self.MPI.IN_PLACE, [buf, self.MPI.DOUBLE], op=self.MPI.SUM)
+        reqs = reqs + [self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, self.MPI.DOUBLE],
+                                            op=self.MPI.SUM)]
+        wait(reqs, f"step {self.steps + 1}: gradient all-reduce")
+        self.steps += 1
         return float(buf[0]), int(round(buf[1]))
 
     def apply(self):
@@ -330,7 +403,8 @@ class Replicas:
 
     def allreduce_sum(self, values):
         buf = np.array(values, np.float64)
-        self.comm.Allreduce(self.MPI.IN_PLACE, [buf, self.MPI.DOUBLE], op=self.MPI.SUM)
+        wait([self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, self.MPI.DOUBLE], op=self.MPI.SUM)],
+             "loss all-reduce")
         return buf
 
 
@@ -357,5 +431,3 @@ def run_host_steps(seq, plan, run, host_step, after=None):
         run(seq[start:], after)
 
 
-__all__ = ["check_comm", "local_rank", "rank_device", "fingerprint", "agree", "agree_ok",
-           "Replicas", "abort_on_uncaught_exception", "KilnetError"]
