@@ -29,7 +29,8 @@ import numpy as np
 from ..errors import CompileError, KilnetError
 
 DEFAULT_BUCKET_BYTES = 4 << 20      # overlap=True: reduce the gradients in buckets of ~4 MiB
-_POLL_S = 50e-6
+_POLL_S = (20e-6, 1e-3)     # polling backs off from 20 µs to 1 ms (a fixed 50 µs poll cost W1
+                            # on 2 shared cores 2.5x: the sleeping thread kept waking PoCL's)
 DEFAULT_TIMEOUT_S = 600.0           # as torch.distributed's default; KILNET_MPI_TIMEOUT changes it
 
 
@@ -61,11 +62,12 @@ def wait(reqs, what, progress=None):
         MPI.Request.Waitall(reqs)
         return
     deadline = time.monotonic() + limit
-    spins = 0
+    spins, pause = 0, _POLL_S[0]
     while not MPI.Request.Testall(reqs):
         spins += 1
         if spins > 200:                  # after a short spin, poll without burning a core
-            time.sleep(_POLL_S)
+            time.sleep(pause)
+            pause = min(2 * pause, _POLL_S[1])
             if time.monotonic() > deadline:
                 raise RankTimeout(
                     f"{what}: not every rank took part within {limit:g} s (KILNET_MPI_TIMEOUT): "
@@ -271,6 +273,7 @@ class Replicas:
         self.bucket_bytes = int(overlap) if overlap else 0
         self.buckets = self._buckets(self.bucket_bytes // executor.item) if overlap else \
             ([(0, n)] if n else [])
+        self.copy_queue = None
         self.seconds = {"reduce": 0.0, "staging": 0.0}
         self.steps = 0
 
@@ -359,6 +362,11 @@ class Replicas:
             self.seconds["staging"] += t1 - t0
             self.seconds["reduce"] += time.perf_counter() - t1
             return total
+        cl = self.exec.cl
+        if self.copy_queue is None:
+            # Copies of finished buckets go on a queue of their own, each waiting for a marker
+            # after the bucket's last launch, so the compute queue never waits for a copy.
+            self.copy_queue = cl.CommandQueue(self.exec.ctx, self.exec.device)
         ready = self._ready(seq)
         order = sorted(range(len(self.buckets)), key=lambda k: (ready[k], k))
         n_loss = next((i for i, launch in enumerate(seq) if launch.phase == "backward"), len(seq))
@@ -370,17 +378,22 @@ class Replicas:
             run(seq[pos:stop])
             pos = stop
             lo, hi = self.buckets[k]
-            events[k] = self.exec.read_span("grad", lo, hi, self.host, blocking=False)
+            mark = cl.enqueue_marker(self.exec.queue)
+            events[k] = self.exec.read_span("grad", lo, hi, self.host, blocking=False,
+                                            queue=self.copy_queue, wait_for=[mark])
             self.exec.flush()
+            self.copy_queue.flush()
         run(seq[pos:])
         self.exec.flush()
         reqs = []
         for k in order:
             for ev in events[k]:
+                pause = _POLL_S[0]
                 while ev.command_execution_status > 0:    # not complete: keep MPI progressing
                     if reqs:
                         MPI.Request.Testall(reqs)
-                    time.sleep(_POLL_S)
+                    time.sleep(pause)
+                    pause = min(2 * pause, _POLL_S[1])
             lo, hi = self.buckets[k]
             reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, [self.host[lo:hi], self.mpi_dtype],
                                              op=MPI.SUM))

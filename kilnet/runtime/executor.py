@@ -145,11 +145,13 @@ class Executor:
                 for b in self.plan.buffers.values()
                 if b.role == role and b.size and lo <= b.offset and b.offset + b.size <= hi]
 
-    def read_span(self, role, lo, hi, out, blocking=True):
+    def read_span(self, role, lo, hi, out, blocking=True, queue=None, wait_for=None):
         """Copy elements [lo, hi) of ``role``'s arena into ``out[lo:hi]`` (``out`` is laid out
-        like the arena); returns the copies' events (each done once its data is in ``out``)."""
-        events = [self.cl.enqueue_copy(self.queue, out[a:b], mem, src_offset=off * self.item,
-                                       is_blocking=False)
+        like the arena); returns the copies' events (each done once its data is in ``out``).
+        ``queue``: another queue of the same context (then ``wait_for`` orders it)."""
+        events = [self.cl.enqueue_copy(queue or self.queue, out[a:b], mem,
+                                       src_offset=off * self.item, is_blocking=False,
+                                       wait_for=wait_for)
                   for mem, off, a, b in self._spans(role, lo, hi)]
         if blocking:
             self.cl.wait_for_events(events) if events else None
