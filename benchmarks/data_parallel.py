@@ -107,6 +107,12 @@ def main():
     t_dp = timed(comm, lambda: dp.train_step(feeds, targets), args.steps, args.warmup)
     rows.append(("dp: one Allreduce", t_dp))
 
+    import hashlib
+    digest = hashlib.sha256(b"".join(dp.params[k].tobytes() for k in dp.plan.params)).hexdigest()
+    same = len(set(comm.allgather(digest))) == 1
+    say(f"after {args.warmup + args.steps} dp steps the ranks' parameters are "
+        f"{'bit-identical' if same else 'DIFFERENT'}")
+
     # The data path's pieces, on dp's own gradient arena and host copy.
     ex, host = dp._exec, dp._dist.host
     t_d2h = timed(comm, lambda: ex.read_span("grad", 0, host.size, host), args.steps, 1)
