@@ -13,6 +13,15 @@ and the pieces of the data path: device→host copy of the gradient arena, Allre
 array alone, host→device copy. Efficiency = single / dp step time (weak scaling: N devices do N
 times the work in the time one device does one). Step times are the median over ``--steps``
 steps of the slowest rank. Adam, float32, W1 = the qnet workload of vs_pytorch.py.
+
+On a machine without network (the lent H200 pair), carry the cp312 wheels of mpi4py and mpich
+(``pip download --only-binary=:all: --python-version 3.12 mpi4py mpich``) and install them into
+a venv, so that mpi4py finds the MPICH wheel's libmpi under its prefix:
+
+    python3 -m venv --without-pip --system-site-packages /tmp/v
+    python3 -m pip install --no-index --no-deps --prefix /tmp/v whl-mpi/*.whl
+    unset KILNET_DEVICE      # else every rank takes the device it names; unset: GPU = local rank
+    /tmp/v/bin/mpiexec -n 2 /tmp/v/bin/python benchmarks/data_parallel.py --model w1 --batch 1024
 """
 import argparse
 import os
