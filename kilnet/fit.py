@@ -11,6 +11,12 @@ a list (or any re-iterable) is walked once per epoch; a callable is called once 
 ``batches()`` or ``batches(epoch)`` (0-based) — and must return an iterable (a generator
 function that reshuffles is the usual choice). A one-shot iterator serves one epoch only.
 
+A data-parallel model (compiled with ``comm=``) is fitted by calling ``fit`` on every rank with
+the same batches: an item of ``ranks × batch`` samples is the global batch, and each rank
+trains on its own shard of it (rank r takes samples r·batch … (r+1)·batch − 1); an item of
+``batch`` samples is taken as this rank's shard as it is. Losses are global (the mean over the
+ranks), ``samples`` counts every rank's, and only rank 0 shows the progress bar.
+
 On a non-finite loss, training stops *before* that step's update (the model keeps its last
 finite parameters) and :class:`NonFiniteLoss` is raised. Its message names the first node whose
 output went non-finite on the failing batch (found with :meth:`Model.first_non_finite`), the
@@ -94,6 +100,8 @@ def _describe(report):
     loss = report["op"] == "loss"
     where = ("an input" if report["kernel"] is None else
              f"the loss {report['node']!r}" if loss else f"node {report['node']!r}")
+    if "rank" in report:
+        where += f" on rank {report['rank']}"
     lines = [f"the first non-finite output is {where}"
              + (f" (launch {report['launch']}, kernel {report['kernel']}, op {report['op']})"
                 if report["kernel"] else "")
@@ -126,6 +134,9 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
         raise GraphError(f"fit: steps must be None or an int >= 1, got {steps!r}")
     if on_non_finite not in ("raise", "return"):
         raise GraphError(f"fit: on_non_finite must be 'raise' or 'return', got {on_non_finite!r}")
+    ranks = getattr(model, "ranks", 1)
+    if ranks > 1:
+        progress = progress and model.rank == 0
     if progress:
         from tqdm.auto import tqdm
     history = History()
@@ -148,14 +159,16 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
                 if steps is not None and history.steps >= steps:
                     break
                 feeds, targets = _pair(item, history.steps + 1)
+                if ranks > 1:
+                    feeds, targets = _shard(model, feeds), _shard(model, targets)
                 loss = model.train_step(feeds, targets, skip_non_finite=True)
-                if not math.isfinite(loss):     # nothing was applied
-                    report = model.first_non_finite(feeds, targets)
+                if not math.isfinite(loss):     # nothing was applied (on any rank)
+                    report = _first_non_finite(model, feeds, targets)
                     err = NonFiniteLoss(
                         f"fit: the loss went non-finite ({loss}) at step {history.steps + 1} "
                         f"(epoch {epoch + 1}); the update was not applied; " + _describe(report),
                         step=history.steps + 1, loss=loss, report=report, history=history)
-                    _close_epoch(history, epoch_losses, t0, model.batch)
+                    _close_epoch(history, epoch_losses, t0, model.batch * ranks)
                     history.seconds = time.perf_counter() - t_run
                     if on_non_finite == "raise":
                         raise err
@@ -164,12 +177,12 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
                 history.losses.append(loss)
                 epoch_losses.append(loss)
                 history.steps += 1
-                history.samples += model.batch
+                history.samples += model.batch * ranks
                 if bar is not None:
                     dt = time.perf_counter() - t0
                     bar.update(1)
                     bar.set_postfix(loss=f"{loss:.4g}",
-                                    samples_s=f"{len(epoch_losses) * model.batch / dt:.0f}"
+                                    samples_s=f"{len(epoch_losses) * model.batch * ranks / dt:.0f}"
                                     if dt > 0 else "-", refresh=False)
         finally:
             if bar is not None:
@@ -177,9 +190,35 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
         if not epoch_losses:
             raise GraphError(f"fit: epoch {epoch + 1} had no batches (a one-shot iterator serves "
                              f"one epoch only: pass a list or a callable returning an iterable)")
-        _close_epoch(history, epoch_losses, t0, model.batch)
+        _close_epoch(history, epoch_losses, t0, model.batch * ranks)
     history.seconds = time.perf_counter() - t_run
     return history
+
+
+def _shard(model, arrays):
+    """This rank's samples of a global batch (ranks × batch samples); other sizes as they are
+    (``train_step`` checks them)."""
+    out = {}
+    for name, value in arrays.items():
+        a = np.asarray(value) if not isinstance(value, np.ndarray) else value
+        if a.ndim and a.shape[0] == model.ranks * model.batch:
+            a = a[model.rank * model.batch:(model.rank + 1) * model.batch]
+        out[name] = a
+    return out
+
+
+def _first_non_finite(model, feeds, targets):
+    """The diagnosis of a non-finite loss; data-parallel, the first rank's that found one (every
+    rank re-runs its own shard), with ``rank`` added."""
+    report = model.first_non_finite(feeds, targets)
+    if getattr(model, "ranks", 1) <= 1:
+        return report
+    from .runtime.distributed import allgather_obj
+    every = allgather_obj(model.comm, report, "fit: the ranks' non-finite reports")
+    for rank, found in enumerate(every):
+        if found is not None:
+            return dict(found, rank=rank)
+    return None
 
 
 def _close_epoch(history, losses, t0, batch):

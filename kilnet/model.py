@@ -5,7 +5,7 @@ import time
 import numpy as np
 
 from .compiler import names
-from .errors import CompileError, FeedError, GraphError
+from .errors import CompileError, FeedError, GraphError, KilnetError
 from .runtime.executor import Executor
 
 
@@ -13,12 +13,26 @@ INPUT_ROLES = ("input", "target", "activation", "param", "state")   # what first
 
 
 class Model:
-    def __init__(self, plan, device=None, seed=0, poison=False):
+    def __init__(self, plan, device=None, seed=0, poison=False, comm=None, overlap=False):
         self.plan, self.graph = plan, plan.graph
         self.batch, self.dtype, self.seed = plan.batch, plan.dtype, seed
         self.optimizer = plan.optimizer
         self.step = 0
-        self._exec = Executor(plan, device, poison=poison)
+        # Data-parallel: the communicator, this process's rank and the number of ranks.
+        self.comm, self.rank, self.ranks = comm, 0, 1
+        self._dist = None
+        if comm is None:
+            self._exec = Executor(plan, device, poison=poison)
+        else:
+            from .runtime import distributed
+            error = None
+            try:                # a rank whose kernels fail to build must not leave the others waiting
+                self._exec = Executor(plan, device, poison=poison)
+            except KilnetError as e:
+                error = e
+            distributed.agree_ok(comm, error)
+            self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
+            self._dist = distributed.Replicas(comm, self._exec, plan, overlap)
         self.device = self._exec.device
         self._sequences()
         self.params = Params(self)
@@ -26,6 +40,8 @@ class Model:
         for name, p in self._param_specs().items():
             self._exec.write(name, p.initial(rng, self._exec.np_dtype))
         self._exec.finish()
+        if self._dist is not None:
+            self._dist.broadcast()
 
     # -- public calls ---------------------------------------------------------------------
     def forward(self, feeds):
@@ -51,7 +67,15 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays)
-            self._exec.write(names.SCALARS, np.array(self.optimizer.scalars(self.step + 1) + [0.0]))
+            self._exec.write(names.SCALARS, self._scalars(self.step + 1))
+            if self._dist is not None:
+                loss, bad = self._exchange(self._grad)
+                if bad and skip_non_finite:
+                    return loss
+                self._dist.apply()
+                self._run(self._train[len(self._grad):])     # state updates, optimizer
+                self.step += 1
+                return loss
             if skip_non_finite:
                 self._run(self._eval)               # the train sequence starts with these
                 loss = self._loss()
@@ -72,8 +96,19 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays)
-            self._run(self._grad)
             out = Gradients()
+            if self._dist is not None:
+                # The mean over ranks, as one process with the whole batch would have it; input
+                # gradients stay this rank's samples', in the units of the global mean loss.
+                out.loss, _ = self._exchange(self._grad)
+                host, k = self._dist.host, 1.0 / self.ranks
+                for name, buf in self.plan.grads.items():
+                    b = self.plan.buffers[buf]
+                    out[name] = (host[b.offset:b.offset + b.size] * k).reshape(b.shape)
+                for name, buf in self.plan.input_grad_buffers.items():
+                    out[name] = (self._exec.read(buf) * k).reshape(self.plan.buffers[buf].shape)
+                return out
+            self._run(self._grad)
             for name, buf in self.plan.grads.items():
                 out[name] = self._exec.read(buf).reshape(self.plan.buffers[name].shape)
             for name, buf in self.plan.input_grad_buffers.items():
@@ -89,6 +124,8 @@ class Model:
         with self._exec.lock:
             self._upload(arrays, tarrays)
             self._run(self._eval)
+            if self._dist is not None:         # the mean over ranks: the whole batch's loss
+                return float(self._dist.allreduce_sum([self._loss()])[0]) / self.ranks
             return self._loss()
 
     @property
@@ -120,6 +157,10 @@ class Model:
         and a wait). Training calls change the model exactly as that many calls would."""
         if call not in self.steps:
             raise GraphError(f"profile: call must be one of {sorted(self.steps)}, got {call!r}")
+        if self._dist is not None:
+            raise CompileError(f"profile: model {self.graph.name!r} is data-parallel (comm=); its "
+                               f"launches time as in one process: profile a model compiled "
+                               f"without comm")
         if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
             raise GraphError(f"profile: repeat must be an int >= 1, got {repeat!r}")
         n, arrays = self._feeds(feeds, partial=call == "forward")
@@ -130,7 +171,7 @@ class Model:
             for _ in range(repeat):
                 if call == "train_step":
                     self.step += 1
-                    self._exec.write(names.SCALARS, np.array(self.optimizer.scalars(self.step) + [0.0]))
+                    self._exec.write(names.SCALARS, self._scalars(self.step))
                 self._exec.finish()
                 clock = [time.perf_counter()]
 
@@ -160,8 +201,8 @@ class Model:
         found = []
         with self._exec.lock:
             self._upload(arrays, tarrays)
-            self._exec.run(self.steps["evaluate"], after=self._watch(self.steps["evaluate"],
-                                                                     found.append))
+            self._launch(self.steps["evaluate"], after=self._watch(self.steps["evaluate"],
+                                                                   found.append))
         return found[0] if found else None
 
     def _non_finite_params(self):
@@ -212,14 +253,54 @@ class Model:
         """Run ``seq``; with check_finite a launch at a time, raising NonFiniteLoss at the first
         non-finite output, so before the update launches (which come last) change anything."""
         if not self.plan.check_finite:
-            self._exec.run(seq)
+            self._launch(seq)
             return
 
         def stop(report):
             from .fit import NonFiniteLoss, _describe
             raise NonFiniteLoss(f"check_finite: model {self.graph.name!r}: " + _describe(report),
                                 report=report)
-        self._exec.run(seq, after=self._watch(seq, stop))
+        self._launch(seq, after=self._watch(seq, stop))
+
+    def _launch(self, seq, after=None):
+        """Enqueue ``seq``; a data-parallel plan stops at its host steps to run them."""
+        if not self.plan.host_steps:
+            self._exec.run(seq, after)
+            return
+        from .runtime.distributed import run_host_steps
+        run_host_steps(seq, self.plan, self._exec.run, self._dist.host_step, after)
+
+    def _exchange(self, seq):
+        """Data-parallel: run ``seq`` (forward, loss, backward) and sum the gradients over the
+        ranks (kept on the host until ``_dist.apply``); returns (the mean loss over ranks, how
+        many ranks had a non-finite loss)."""
+        total, bad = self._dist.exchange(seq, self._run, self._read_loss)
+        loss = total / self.ranks
+        return (math.nan if bad and math.isfinite(loss) else loss), bad
+
+    def _read_loss(self, blocking=True):
+        """This rank's loss as a callable: with ``blocking=False`` the reads are only enqueued,
+        and the call waits for them."""
+        if blocking:
+            loss = self._loss()
+            return lambda: loss
+        parts = []
+        for name in self.plan.losses:
+            b = self.plan.buffers[name]
+            out = np.empty(b.offset + b.size, self._exec.np_dtype)
+            parts.append((out[b.offset:], self._exec.read_span(b.role, b.offset, b.offset + b.size,
+                                                               out, blocking=False)))
+
+        def total():
+            for _, events in parts:
+                for ev in events:
+                    ev.wait()
+            return float(sum(a.astype(np.float64).sum() for a, _ in parts))
+        return total
+
+    def _scalars(self, step):
+        """The optimizer's per-step values; the fourth scales the gradient (1/ranks)."""
+        return np.array(self.optimizer.scalars(step) + [1.0 / self.ranks])
 
     def summary(self):
         from .inspect import summary
@@ -238,8 +319,9 @@ class Model:
         return export(self, path, target=target, train=train)
 
     def __repr__(self):
+        ranks = f" rank {self.rank}/{self.ranks}" if self.comm is not None else ""
         return (f"<kilnet.Model {self.graph.name!r} batch={self.batch} dtype={self.dtype} "
-                f"on {self.device.name.strip()}: {len(self.plan.launches)} launches>")
+                f"on {self.device.name.strip()}{ranks}: {len(self.plan.launches)} launches>")
 
     # -- internals ------------------------------------------------------------------------
     def _sequences(self):
@@ -252,6 +334,7 @@ class Model:
         self._grad = plan.phase("forward", "loss", "backward")
         self._train = plan.phase("forward", "loss", "backward", "update_state", "optimizer")
         assert self._train[:len(self._eval)] == self._eval     # skip_non_finite relies on it
+        assert self._train[:len(self._grad)] == self._grad     # so does data-parallel train_step
         steps = {"forward": self._infer}
         if plan.training:
             steps.update(evaluate=self._eval, gradients=self._grad)

@@ -8,10 +8,11 @@ wants it (a parameter, or a graph input when ``input_grads`` is asked for).
 """
 from ..errors import CompileError, GraphError
 from ..ops import get_op
+from ..ops.base import Collective
 from ..ops.losses import check as check_loss, elementwise_loss, parts
 from ..ops.softmax import cross_entropy
 from . import memory, names
-from .plan import Arg, Launch, Plan
+from .plan import Arg, HostStep, Launch, Plan
 from .specialise import Specialiser
 from .target import GPU
 
@@ -29,6 +30,7 @@ class Context:
     def __init__(self, lowering, node, training):
         self._l, self.node, self.training = lowering, node, training
         self.batch, self.dtype, self.target = lowering.batch, lowering.dtype, lowering.target
+        self.ranks = lowering.ranks          # data-parallel ranks (batch is per rank)
         self._dx, self._acc = {}, {}
 
     def x(self, i):
@@ -80,8 +82,11 @@ class Context:
 
 
 class Lowering:
-    def __init__(self, graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target):
+    def __init__(self, graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target,
+                 ranks=1):
         self.graph, self.batch, self.dtype, self.target = graph, batch, dtype, target
+        self.ranks = ranks
+        self.collectives = []
         self.loss, self.optimizer = loss, optimizer
         self.input_grads, self.debug_buffers = input_grads, debug_buffers
         self.buffers = {}
@@ -137,6 +142,11 @@ class Lowering:
     # -- launches -------------------------------------------------------------------------
     def emit(self, node_name, phase, kernels, suffix=""):
         for k in kernels:
+            if isinstance(k, Collective):
+                # A host step after the launch just emitted (data-parallel training only).
+                self.collectives.append(HostStep(f"{node_name}.{k.step}{suffix}", phase,
+                                                 self.launches[-1].name, k.kind, k.src, k.dst))
+                continue
             name = f"{node_name}.{k.step}{suffix}"
             base, n = name, 1
             while any(launch.name == name for launch in self.launches):
@@ -241,6 +251,8 @@ class Lowering:
     def optimizer_step(self):
         self.buffer(names.SCALARS, "scalar", 4)
         opt = self.optimizer
+        # Across ranks the gradients arrive summed: the optimizer scales them by scal[3] = 1/ranks.
+        scaled = self.ranks > 1
 
         def bufs(param):
             moments = {f"m{i}": names.moment(param, i) for i in range(1, opt.moments + 1)}
@@ -250,13 +262,13 @@ class Lowering:
             # Each buffer is its own allocation here, so each parameter gets its own launch.
             for full in self.params:
                 self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, bufs(full),
-                                                         self.target.kind, self.dtype)])
+                                                         self.target.kind, self.dtype, scaled)])
         else:
             # One launch spans the whole arena: the first parameter sits at offset 0 in each of
             # the param, grad and moment arenas, and the padding between parameters stays zero.
             first = next(iter(self.params))
             self.emit("optimizer", "optimizer", [opt.kernel(self.arenas["param"], bufs(first),
-                                                            self.target.kind, self.dtype)])
+                                                            self.target.kind, self.dtype, scaled)])
 
     def liveness(self):
         """(first, last) forward step of each activation buffer, for inference-plan reuse."""
@@ -286,9 +298,9 @@ def _size(shape):
 
 
 def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers=False,
-          target=GPU):
+          target=GPU, ranks=1):
     ctype = {"float32": "float", "float64": "double"}[dtype]
-    lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target)
+    lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target, ranks)
     lo.declare_params()
     lo.forward()
     if loss:
@@ -320,7 +332,8 @@ def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers
                 grads={p: names.grad(p) for p in lo.params} if loss else {},
                 input_grad_buffers=lo.input_grad_buffers,
                 params={p: p for p in lo.params}, state={s: s for s in lo.state},
-                poisonable=poisonable, target=target)
+                poisonable=poisonable, target=target, ranks=ranks,
+                host_steps=lo.collectives)
 
 
 def check_loss_spec(graph, loss):

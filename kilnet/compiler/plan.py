@@ -33,6 +33,19 @@ class Launch:
                 f"local={self.local_size}, args=[{', '.join(map(repr, self.args))}])")
 
 
+@dataclass
+class HostStep:
+    """A collective the ranks of a data-parallel plan run on the host right after launch
+    ``after``: ``src`` read from every rank, combined (``kind``: "sum" or "mean_var"), written
+    to ``dst`` on every rank. The launch sequence splits there."""
+    name: str
+    phase: str
+    after: str
+    kind: str
+    src: str
+    dst: str
+
+
 PHASES = ("infer", "forward", "loss", "backward", "update_state", "optimizer")
 
 
@@ -60,6 +73,8 @@ class Plan:
     poisonable: list = field(default_factory=list)   # buffers every step rewrites fully
     check_finite: bool = False  # run calls a launch at a time, stopping at a non-finite output
     target: object = None       # the compiler.target.Target the kernels were specialised for
+    ranks: int = 1              # data-parallel ranks the plan was made for (batch is per rank)
+    host_steps: list = field(default_factory=list)   # HostStep: collectives between launches
 
     def phase(self, *names):
         return [launch for launch in self.launches if launch.phase in names]

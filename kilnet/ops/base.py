@@ -55,6 +55,18 @@ class Kernel:
     local_size: tuple = None
 
 
+@dataclass
+class Collective:
+    """A host step between two of an op's kernels in data-parallel training: the ranks combine
+    buffer ``src`` (read from every rank) into ``dst`` (written on every rank). ``kind``:
+    "sum" (elementwise sum over ranks); "mean_var" (``src`` is [mean, biased variance] of one
+    rank's equal-sized batch, ``dst`` the same of all ranks' samples together)."""
+    step: str
+    kind: str
+    src: str
+    dst: str
+
+
 def kernel(step, template, consts, buffers, global_size, local_size=None):
     """Shorthand: ``buffers`` maps the kernel's argument names to plan buffer names."""
     names = list(buffers)

@@ -41,23 +41,37 @@ call, inference included, and start at 0 (here only train_step stores them; they
 1); their host runs the window with min(count, B) and passes the input through for B <= 1, and
 resets γ = 0 to 1 (here the map above is used as written for every B >= 1 and every γ); eps is
 the op's ``eps`` rather than a version-dependent constant.
+
+``sync=True`` (data-parallel training, ``kn.compile(..., comm=...)`` over R ranks): the batch
+statistics are those of all R·B samples of the step, not of this rank's B. Forward computes each
+rank's mean and biased variance, the ranks exchange them on the host and combine them exactly
+(mean of means; mean of variance plus squared deviation of each rank's mean), then normalises;
+backward computes each rank's Σg and Σg·x̂, sums them over the ranks, then the input gradient
+with M = R·B; the running variance uses M/(M − 1). The result equals one process with batch R·B
+(to rounding). Without a communicator (or with one rank) it is the plain minibatch batch norm.
+``sync`` cannot be combined with ``streaming``: that mode runs the samples one after another
+through one window, so the ranks would have to run one after another, each waiting for the
+statistics the previous rank's last sample left.
 """
 import math
 
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import (GraphError, Op, Param, int_attr, kernel, need, register, round_up,
-                   vector_width)
+from .base import (Collective, GraphError, Op, Param, int_attr, kernel, need, register,
+                   round_up, vector_width)
 
 LOCAL = 64
 
 
-def batchnorm(x, momentum=0.1, eps=1e-5, activation=None, streaming=None, name=None):
+def batchnorm(x, momentum=0.1, eps=1e-5, activation=None, streaming=None, sync=False, name=None):
     """Normalise each feature over the batch (or, with ``streaming=B``, over an exponential
-    window of B samples, one sample at a time), then y = act(gamma·x̂ + beta)."""
+    window of B samples, one sample at a time), then y = act(gamma·x̂ + beta). ``sync=True``:
+    in data-parallel training, over the whole batch of every rank (see the module's notes)."""
     attrs = {"momentum": momentum, "eps": eps, "activation": activation}
     if streaming is not None:      # the minibatch mode's attributes stay exactly as they were
         attrs["streaming"] = streaming
+    if sync is not False:          # likewise: only a synchronised batch norm records it
+        attrs["sync"] = sync
     return graph_of(x, "batchnorm").add("batchnorm", [x], attrs, name)
 
 
@@ -81,6 +95,16 @@ class BatchNorm(Op):
             int_attr(node, "streaming", a["streaming"])
         elif "streaming" in a:
             del a["streaming"]
+        if "sync" in a:
+            need(isinstance(a["sync"], bool), node, f"sync must be True or False, got {a['sync']!r}",
+                 GraphError)
+            need(not (a["sync"] and a.get("streaming") is not None), node,
+                 "sync=True cannot be combined with streaming=B: the streaming mode feeds the "
+                 "samples through one window one after another, so synchronised ranks would have "
+                 "to run one after another; use sync with the minibatch mode (streaming=None), or "
+                 "keep per-rank streaming statistics (sync=False)", GraphError)
+            if not a["sync"]:
+                del a["sync"]
         return node.inputs[0].shape
 
     def params(self, node):
@@ -94,7 +118,8 @@ class BatchNorm(Op):
         act, dact = symbolic.forward_c(a["activation"]), symbolic.derivative_c(a["activation"])
         # CPUs: V features a work-item as one vector (PoCL ran the scalar form at ~0.3 GB/s).
         V = vector_width(ctx.target.kind, ctx.dtype)
-        consts = dict(F=node.size, B=ctx.batch, V=V, mode=mode, eps=repr(a["eps"]),
+        consts = dict(F=node.size, B=ctx.batch, M=ctx.batch * self._ranks(node, ctx), V=V,
+                      mode=mode, eps=repr(a["eps"]),
                       momentum=repr(a["momentum"]), act=act, dact=dact,
                       vact=symbolic.vectorised(act), vdact=symbolic.vectorised(dact), **extra)
         items = -(-node.size // V)
@@ -104,11 +129,23 @@ class BatchNorm(Op):
     def _stats(self, node, ctx):
         return ctx.scratch("batch_stats", 2 * node.size)    # batch mean, biased variance
 
+    @staticmethod
+    def _ranks(node, ctx):
+        """How many ranks' batches the statistics span: 1 unless synchronised."""
+        return ctx.ranks if node.attrs.get("sync") else 1
+
     def forward(self, node, ctx):
         if node.attrs.get("streaming") is not None:
             return self._s_forward(node, ctx)
         common = {"inp": ctx.x(0), "out": ctx.y, "gamma": ctx.p("gamma"), "beta": ctx.p("beta")}
         if ctx.training:
+            if self._ranks(node, ctx) > 1:
+                # This rank's statistics, combined over the ranks on the host, then normalise.
+                local = ctx.scratch("rank_stats", 2 * node.size)
+                stats = self._stats(node, ctx)
+                return [self._k("stats", node, ctx, "stats", {"inp": ctx.x(0), "stats": local}),
+                        Collective("sync_stats", "mean_var", local, stats),
+                        self._k("forward", node, ctx, "normalize", dict(common, stats=stats))]
             need(ctx.batch > 1, node, "training needs batch > 1 to estimate a variance, got batch 1",
                  GraphError)
             return [self._k("forward", node, ctx, "train", dict(common, stats=self._stats(node, ctx)))]
@@ -120,6 +157,19 @@ class BatchNorm(Op):
             return self._s_backward(node, ctx)
         bufs = {"inp": ctx.x(0), "dout": ctx.dy, "gamma": ctx.p("gamma"), "beta": ctx.p("beta"),
                 "stats": self._stats(node, ctx), "dgamma": ctx.dp("gamma"), "dbeta": ctx.dp("beta")}
+        if self._ranks(node, ctx) > 1:
+            # Σg and Σg·x̂ of this rank (and its dgamma, dbeta, which the gradient all-reduce sums
+            # like every other gradient); the input gradient needs them summed over the ranks.
+            if not ctx.dx(0):
+                return [self._k("backward", node, ctx, "backward", bufs, input_grad=False,
+                                accumulate=False)]
+            sums = ctx.scratch("rank_sums", 2 * node.size)
+            dx = {k: bufs[k] for k in ("inp", "dout", "gamma", "beta", "stats")}
+            return [self._k("sums", node, ctx, "sums", dict(bufs, sums=sums), input_grad=False,
+                            accumulate=False),
+                    Collective("sync_sums", "sum", sums, sums),
+                    self._k("backward", node, ctx, "dx", dict(dx, sums=sums, dinp=ctx.dx(0)),
+                            input_grad=True, accumulate=ctx.acc(0))]
         if ctx.dx(0):
             bufs["dinp"] = ctx.dx(0)
         return [self._k("backward", node, ctx, "backward", bufs,

@@ -32,12 +32,15 @@ class Optimizer:
         """The per-step values for update number ``step`` (1-based)."""
         raise NotImplementedError
 
-    def kernel(self, n, bufs, target_kind="gpu", dtype="float"):
+    def kernel(self, n, bufs, target_kind="gpu", dtype="float", scaled=False):
         """On CPUs each work-item updates V neighbouring elements as one vector (PoCL runs the
-        scalar form 2.6x slower: 12.7 vs 4.8 ms for Adam over 3.1 M floats on 2 EPYC cores)."""
+        scalar form 2.6x slower: 12.7 vs 4.8 ms for Adam over 3.1 M floats on 2 EPYC cores).
+        ``scaled``: the gradient is multiplied by scal[3] first (data-parallel training folds
+        the mean over ranks, 1/ranks, in there rather than in a separate pass)."""
         V = vector_width(target_kind, dtype)
         local = CPU_LOCAL if V > 1 else LOCAL
-        consts = dict(kind=self.kind, N=n, V=V, **{k: repr(v) for k, v in self.config().items()})
+        consts = dict(kind=self.kind, N=n, V=V, scaled=scaled,
+                      **{k: repr(v) for k, v in self.config().items()})
         return kernel("update", "optimizer", consts, bufs, (round_up(-(-n // V), local),), (local,))
 
     def __repr__(self):

@@ -57,6 +57,26 @@ def _json_default(v):
 
 
 def save(model, path):
+    """Write ``model`` to ``path``. A data-parallel model (every rank holds the same parameters)
+    is written by rank 0 alone; the call is collective: every rank returns once the file is in
+    place, or raises the CheckpointError rank 0 got."""
+    if getattr(model, "comm", None) is None:
+        return _save(model, path)
+    error = None
+    if model.rank == 0:
+        try:
+            _save(model, path)
+        except CheckpointError as e:
+            error = e
+    from .distributed import bcast_obj
+    message = bcast_obj(model.comm, None if error is None else str(error), "save")
+    if error is not None:
+        raise error
+    if message is not None:
+        raise CheckpointError(f"rank 0 failed to save the checkpoint: {message}")
+
+
+def _save(model, path):
     from ..graph import to_dict
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise CheckpointError(f"save: path must be a str or os.PathLike, got {type(path).__name__}")
@@ -67,6 +87,8 @@ def save(model, path):
               "optimizer": None if plan.optimizer is None else
               {"kind": plan.optimizer.kind, "config": plan.optimizer.config()},
               "step": model.step}
+    if getattr(model, "comm", None) is not None:
+        header["ranks"] = model.ranks    # informational: ``compile.batch`` is per rank
     path = os.fspath(path)
     try:
         text = json.dumps(header, default=_json_default)
@@ -163,17 +185,57 @@ def _expected_arrays(graph, optimizer):
     return wanted
 
 
-def load(path, device=None, batch=None):
+def load(path, device=None, batch=None, comm=None, overlap=False):
     """Rebuild and compile the saved model (optionally for another batch), with its parameters,
-    state, optimizer moments and step count, so training continues exactly where it stopped."""
+    state, optimizer moments and step count, so training continues exactly where it stopped.
+
+    ``comm``: load it as a data-parallel model (every rank calls ``load``; ``batch`` is then per
+    rank). A checkpoint saved by N ranks holds the per-rank batch; to continue the same training
+    in one process, pass ``batch=N * B`` (``header["ranks"]`` says N)."""
     from ..compiler import compile
-    from ..graph import from_dict
-    from ..ops.optimizers import from_config
     from .device import select
     if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
         raise CompileError(f"load: batch must be None or an int >= 1, got {batch!r}")
-    if not hasattr(device, "int_ptr"):     # a bad device choice is not the file's fault
-        device = select(device)
+    if comm is not None:
+        from . import distributed
+        distributed.check_comm(comm)
+        error = None
+        try:        # a rank that cannot read the file must not leave the others waiting
+            parsed = _parse(path)
+        except KilnetError as e:
+            error = e
+        distributed.agree_ok(comm, error)
+        graph, c, optimizer, step, dtype, wanted, arrays = parsed
+    else:
+        if not hasattr(device, "int_ptr"):     # a bad device choice is not the file's fault
+            device = select(device)
+        graph, c, optimizer, step, dtype, wanted, arrays = _parse(path)
+    try:
+        model = compile(graph, batch=c["batch"] if batch is None else batch, optimizer=optimizer,
+                        loss=c["loss"] or None, dtype=dtype, device=device, seed=c["seed"],
+                        input_grads=c.get("input_grads", False),
+                        **({} if comm is None else {"comm": comm, "overlap": overlap}))
+    except KilnetError as e:
+        raise CheckpointError(f"{path}: the saved architecture does not compile: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: checkpoint header is malformed ({type(e).__name__}: {e})") from None
+    for key, (buf, size) in wanted.items():
+        b = model.plan.buffers.get(buf)
+        if b is None or b.size != size:     # the plan and the ops disagree: a kilnet bug
+            raise CheckpointError(f"{path}: internal: array {key!r} has no buffer of size {size} "
+                                  f"in the compiled plan")
+    for key, (buf, _) in wanted.items():
+        model._exec.write(buf, arrays[key])
+    model._exec.finish()
+    model.step = step
+    return model
+
+
+def _parse(path):
+    """Read and check a checkpoint: (graph, compile options, optimizer, step, dtype, expected
+    arrays, arrays), all checked against the architecture before any device work."""
+    from ..graph import from_dict
+    from ..ops.optimizers import from_config
     header, arrays = _read(path)
     try:
         graph = from_dict(header["graph"])
@@ -201,21 +263,4 @@ def load(path, device=None, batch=None):
         if a.dtype != NP_DTYPE[dtype] or a.shape != (size,):
             raise CheckpointError(f"{path}: array {key!r} is {a.dtype}{list(a.shape)}, needs "
                                   f"{dtype}[{size}]")
-    try:
-        model = compile(graph, batch=c["batch"] if batch is None else batch, optimizer=optimizer,
-                        loss=c["loss"] or None, dtype=dtype, device=device, seed=c["seed"],
-                        input_grads=c.get("input_grads", False))
-    except KilnetError as e:
-        raise CheckpointError(f"{path}: the saved architecture does not compile: {e}") from None
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"{path}: checkpoint header is malformed ({type(e).__name__}: {e})") from None
-    for key, (buf, size) in wanted.items():
-        b = model.plan.buffers.get(buf)
-        if b is None or b.size != size:     # the plan and the ops disagree: a kilnet bug
-            raise CheckpointError(f"{path}: internal: array {key!r} has no buffer of size {size} "
-                                  f"in the compiled plan")
-    for key, (buf, _) in wanted.items():
-        model._exec.write(buf, arrays[key])
-    model._exec.finish()
-    model.step = step
-    return model
+    return graph, c, optimizer, step, dtype, wanted, arrays

@@ -135,6 +135,38 @@ class Executor:
         self._pending.clear()
         return out
 
+    def _spans(self, role, lo, hi):
+        """(allocation, element offset in it, element range in the role's layout) covering
+        elements [lo, hi) of ``role``'s arena: one piece, or with debug_buffers one per buffer
+        of that role inside the range (the gaps between buffers are padding)."""
+        if not self.plan.debug_buffers:
+            return [(self.mems[role], lo, lo, hi)] if hi > lo else []
+        return [(self.mems[b.name], self.guard, b.offset, b.offset + b.size)
+                for b in self.plan.buffers.values()
+                if b.role == role and b.size and lo <= b.offset and b.offset + b.size <= hi]
+
+    def read_span(self, role, lo, hi, out, blocking=True, queue=None, wait_for=None):
+        """Copy elements [lo, hi) of ``role``'s arena into ``out[lo:hi]`` (``out`` is laid out
+        like the arena); returns the copies' events (each done once its data is in ``out``).
+        ``queue``: another queue of the same context (then ``wait_for`` orders it)."""
+        events = [self.cl.enqueue_copy(queue or self.queue, out[a:b], mem,
+                                       src_offset=off * self.item, is_blocking=False,
+                                       wait_for=wait_for)
+                  for mem, off, a, b in self._spans(role, lo, hi)]
+        if blocking:
+            self.cl.wait_for_events(events) if events else None
+        return events
+
+    def write_span(self, role, lo, hi, src):
+        """Enqueue copies of ``src[lo:hi]`` into elements [lo, hi) of ``role``'s arena; ``src``
+        must stay unchanged until the queue has run them."""
+        for mem, off, a, b in self._spans(role, lo, hi):
+            self.cl.enqueue_copy(self.queue, mem, src[a:b], dst_offset=off * self.item,
+                                 is_blocking=False)
+
+    def flush(self):
+        self.queue.flush()
+
     def run(self, launches, after=None):
         """Enqueue ``launches`` in order; ``after(launch)`` (debug) runs after each one. With
         debug_buffers every launch is waited for and its buffers' guards checked."""

@@ -1,0 +1,446 @@
+"""Data-parallel training over MPI (mpi4py): one process per device, each with its own shard of
+the batch, the same plan and bit-identical parameters.
+
+A step on each rank is: forward, loss, backward (its own B samples), then the ranks sum the
+gradient arena with one ``Allreduce`` (or, with ``overlap``, one ``Iallreduce`` per bucket,
+started as soon as backward has finished the bucket), and the optimizer launch scales the sum by
+1/ranks (``scal[3]``, so the mean costs no pass of its own). The loss and a non-finite flag are
+summed alongside. Data path: device → host (``enqueue_copy`` into one host array laid out like
+the gradient arena) → MPI → host → device. A device-aware MPI could take the arena's device
+pointer instead and skip both copies; OpenCL buffers have no such path (MPI libraries know CUDA,
+ROCm and Level Zero pointers, not cl_mem), so the copies stay.
+
+Batch norm with ``sync=True`` adds host steps (``plan.host_steps``) in the middle of forward and
+backward: the launch sequence is split there, each rank's small statistics buffer is read,
+gathered from every rank, combined in rank order in float64 (the same bytes on every rank), and
+written back.
+
+This module knows buffers, arenas and launches, never layers.
+"""
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from ..errors import CompileError, KilnetError
+
+DEFAULT_BUCKET_BYTES = 4 << 20      # overlap=True: reduce the gradients in buckets of ~4 MiB
+_POLL_S = (20e-6, 1e-3)     # polling backs off from 20 µs to 1 ms (a fixed 50 µs poll cost W1
+                            # on 2 shared cores 2.5x: the sleeping thread kept waking PoCL's)
+DEFAULT_TIMEOUT_S = 600.0           # as torch.distributed's default; KILNET_MPI_TIMEOUT changes it
+
+
+class RankTimeout(KilnetError):
+    """A collective did not complete in time: another rank left (``sys.exit`` mid-training, which
+    MPI sees as a clean exit) or is stuck. Uncaught, it aborts the job on every rank."""
+
+
+def timeout_s():
+    """KILNET_MPI_TIMEOUT in seconds (0: wait forever), default 600."""
+    v = os.environ.get("KILNET_MPI_TIMEOUT")
+    if not v:
+        return DEFAULT_TIMEOUT_S
+    try:
+        t = float(v)
+    except ValueError:
+        raise CompileError(f"KILNET_MPI_TIMEOUT must be a number of seconds, got {v!r}") from None
+    return t if t > 0 else None
+
+
+def wait(reqs, what, progress=None):
+    """Wait for the MPI requests ``reqs``; after KILNET_MPI_TIMEOUT seconds raise RankTimeout
+    naming ``what``. A process that is killed or crashes is ended by mpiexec (MPICH aborts the
+    job when a rank dies without MPI_Finalize) and an uncaught exception aborts through
+    ``abort_on_uncaught_exception``; this bound covers a rank that leaves cleanly or hangs."""
+    MPI = mpi()
+    limit = timeout_s()
+    if limit is None:
+        MPI.Request.Waitall(reqs)
+        return
+    deadline = time.monotonic() + limit
+    spins, pause = 0, _POLL_S[0]
+    while not MPI.Request.Testall(reqs):
+        spins += 1
+        if spins > 200:                  # after a short spin, poll without burning a core
+            time.sleep(pause)
+            pause = min(2 * pause, _POLL_S[1])
+            if time.monotonic() > deadline:
+                raise RankTimeout(
+                    f"{what}: not every rank took part within {limit:g} s (KILNET_MPI_TIMEOUT): "
+                    f"a rank has left (sys.exit mid-training) or is stuck")
+
+
+def allgather_obj(comm, obj, what):
+    """comm.allgather for picklable objects, bounded by the timeout."""
+    import pickle
+    MPI = mpi()
+    data = np.frombuffer(pickle.dumps(obj), np.uint8)
+    sizes = np.zeros(comm.Get_size(), np.int64)
+    wait([comm.Iallgather([np.array([data.size], np.int64), MPI.INT64_T], [sizes, MPI.INT64_T])],
+         what)
+    out = np.empty(int(sizes.sum()), np.uint8)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    wait([comm.Iallgatherv([data, MPI.BYTE], [out, (sizes, offsets), MPI.BYTE])], what)
+    return [pickle.loads(out[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
+
+
+def bcast_obj(comm, obj, what, root=0):
+    """comm.bcast for picklable objects, bounded by the timeout."""
+    import pickle
+    MPI = mpi()
+    data = np.frombuffer(pickle.dumps(obj), np.uint8) if comm.Get_rank() == root else None
+    size = np.array([0 if data is None else data.size], np.int64)
+    wait([comm.Ibcast([size, MPI.INT64_T], root=root)], what)
+    buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
+    wait([comm.Ibcast([buf, MPI.BYTE], root=root)], what)
+    return pickle.loads(buf.tobytes())
+
+
+def mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise CompileError(f"comm= needs mpi4py and an MPI library: pip install 'kilnet[mpi]' "
+                           f"({e})") from None
+    return MPI
+
+
+def check_comm(comm):
+    """The mpi4py module when ``comm`` is a usable intra-communicator, else a CompileError naming
+    the argument (before any collective or device work)."""
+    if comm is None:
+        return None
+    if not (hasattr(comm, "Get_size") and hasattr(comm, "Allreduce")):
+        raise CompileError(f"comm must be an mpi4py communicator such as MPI.COMM_WORLD, got "
+                           f"{type(comm).__name__} {comm!r}"[:300])
+    MPI = mpi()
+    if not isinstance(comm, MPI.Intracomm):
+        raise CompileError(f"comm must be an mpi4py intra-communicator such as MPI.COMM_WORLD, "
+                           f"got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise CompileError("comm is MPI.COMM_NULL; pass a communicator this process belongs to, "
+                           "such as MPI.COMM_WORLD")
+    return MPI
+
+
+_hooked = []
+
+
+def abort_on_uncaught_exception(comm):
+    """An exception that escapes on one rank would leave the others waiting in a collective
+    forever (mpi4py finalises MPI at exit, so mpiexec sees a clean exit): print it, then
+    ``MPI_Abort``, which makes mpiexec end every rank. What ``python -m mpi4py`` does, installed
+    once per process by the first model compiled with a communicator."""
+    if _hooked:
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        try:
+            sys.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            comm.Abort(1)
+    sys.excepthook = hook
+    _hooked.append(hook)
+
+
+def local_rank(comm):
+    """This rank's index among the ranks of its node (MPI_COMM_TYPE_SHARED); collective."""
+    MPI = mpi()
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return node.Get_rank()
+    finally:
+        node.Free()
+
+
+def rank_device(local, device, select):
+    """The device of the rank with node-local index ``local``: ``device`` when given, else the
+    one KILNET_DEVICE names, else GPU ``local`` (mod the node's GPU count), else ``select``'s
+    default (the CPU device). Returns a pyopencl.Device."""
+    if device is not None or os.environ.get("KILNET_DEVICE"):
+        return select(device)
+    import pyopencl as cl
+    try:
+        gpus = [d for p in cl.get_platforms() for d in p.get_devices()
+                if d.type & cl.device_type.GPU]
+    except cl.Error:
+        gpus = []
+    return gpus[local % len(gpus)] if gpus else select(None)
+
+
+# -- agreement at compile time --------------------------------------------------------------------
+def _digest(obj):
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+
+
+def fingerprint(plan, overlap):
+    """What must be equal on every rank for the collectives to match: the graph, the per-rank
+    batch, dtype, loss, optimizer, the layout of parameters and gradients, the host steps and the
+    overlap buckets. Kernel sources are left out: ranks on different kinds of device differ
+    there and still train together."""
+    from ..graph import to_dict
+    graph = to_dict(plan.graph)
+    layout = sorted((b.name, b.role, b.offset, b.size) for b in plan.buffers.values()
+                    if b.role in ("param", "grad", "moment1", "moment2", "state"))
+    fields = {
+        "graph": _digest(graph),
+        "batch": plan.batch,
+        "dtype": plan.dtype,
+        "loss": _digest(plan.loss),
+        "optimizer": None if plan.optimizer is None else
+        f"{plan.optimizer.kind} {_digest(plan.optimizer.config())}",
+        "input_grads": plan.input_grads,
+        "layout": _digest([layout, {r: plan.arenas.get(r, 0) for r in ("param", "grad")}]),
+        "host_steps": _digest([(h.name, h.kind, plan.buffers[h.src].size)
+                               for h in plan.host_steps]),
+        "overlap": overlap,
+    }
+    nodes = [f"{n['name']} {n['op']} {n['attrs']}" for n in graph["nodes"]]
+    return {"hash": _digest(fields), "fields": fields, "nodes": nodes}
+
+
+def agree(comm, mine):
+    """Every rank hands in its fingerprint, or the KilnetError its compile raised; every rank
+    raises (a rank's own error as it was, the others a CompileError naming that rank) when a
+    rank failed or differs from rank 0, so no rank goes on to wait in a collective alone."""
+    rank = comm.Get_rank()
+    summary = ("error", f"{type(mine).__name__}: {mine}") if isinstance(mine, BaseException) \
+        else ("ok", mine)
+    every = allgather_obj(comm, summary, "compile (the ranks compare their plans)")
+    failed = [(r, msg) for r, (kind, msg) in enumerate(every) if kind == "error"]
+    if failed:
+        if isinstance(mine, BaseException):
+            raise mine
+        raise CompileError("data-parallel compile failed on rank(s) " + "; ".join(
+            f"{r}: {msg}" for r, msg in failed))
+    ref = every[0][1]
+    bad = []
+    for r, (_, fp) in enumerate(every):
+        if fp["hash"] == ref["hash"]:
+            continue
+        graph_differs = fp["fields"]["graph"] != ref["fields"]["graph"]
+        follow = ("graph", "layout", "host_steps") if graph_differs else ()   # said by the node
+        diffs = [f"{k} {fp['fields'][k]!r} (rank 0: {ref['fields'][k]!r})"
+                 for k in fp["fields"] if fp["fields"][k] != ref["fields"][k] and k not in follow]
+        if graph_differs:
+            mine_nodes, ref_nodes = fp["nodes"], ref["nodes"]
+            first = next((i for i, (a, b) in enumerate(zip(mine_nodes, ref_nodes)) if a != b),
+                         min(len(mine_nodes), len(ref_nodes)))
+            here = mine_nodes[first] if first < len(mine_nodes) else "(none)"
+            there = ref_nodes[first] if first < len(ref_nodes) else "(none)"
+            diffs.append(f"graph differs, first at node #{first}: {here} (rank 0: {there})")
+        bad.append(f"rank {r}: " + "; ".join(diffs))
+    if bad:
+        raise CompileError(f"data-parallel ranks must compile the same plan (graph, per-rank "
+                           f"batch, dtype, loss, optimizer, overlap); {len(bad)} of "
+                           f"{len(every)} ranks differ from rank 0: " + " | ".join(bad))
+
+
+def agree_ok(comm, error):
+    """After a local step that may fail on some ranks only (building kernels, reading a
+    checkpoint): every rank raises if any failed."""
+    every = allgather_obj(comm, None if error is None else f"{type(error).__name__}: {error}",
+                          "start-up")
+    failed = [(r, m) for r, m in enumerate(every) if m is not None]
+    if failed:
+        if error is not None:
+            raise error
+        raise CompileError("failed on rank(s) " + "; ".join(f"{r}: {m}" for r, m in failed))
+
+
+# -- the replicas of one model --------------------------------------------------------------------
+class Replicas:
+    """The collectives of one data-parallel model: start-up broadcast, host steps, and the
+    gradient exchange of each step."""
+
+    def __init__(self, comm, executor, plan, overlap=False):
+        self.MPI = MPI = mpi()
+        self.comm, self.exec, self.plan = comm, executor, plan
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.np_dtype = executor.np_dtype
+        self.mpi_dtype = MPI.DOUBLE if self.np_dtype == np.float64 else MPI.FLOAT
+        n = plan.arenas.get("grad", 0)
+        self.host = np.zeros(n, self.np_dtype)        # the gradient arena's host copy
+        if overlap is True:
+            overlap = DEFAULT_BUCKET_BYTES
+        self.bucket_bytes = int(overlap) if overlap else 0
+        self.buckets = self._buckets(self.bucket_bytes // executor.item) if overlap else \
+            ([(0, n)] if n else [])
+        self.copy_queue = None
+        self.seconds = {"reduce": 0.0, "staging": 0.0}
+        self.steps = 0
+
+    # -- start --------------------------------------------------------------------------------
+    def broadcast(self):
+        """Parameters, layer state and optimizer moments from rank 0 to every rank."""
+        for role in ("param", "state", "moment1", "moment2"):
+            n = self.plan.arenas.get(role, 0)
+            if not n:
+                continue
+            a = np.zeros(n, self.np_dtype)
+            self.exec.read_span(role, 0, n, a)
+            wait([self.comm.Ibcast([a, self.mpi_dtype], root=0)], "broadcast of rank 0's " + role)
+            self.exec.write_span(role, 0, n, a)
+            self.exec.finish()
+
+    # -- host steps (synchronised batch norm) -------------------------------------------------
+    def host_step(self, step):
+        b = self.plan.buffers[step.src]
+        local = np.empty(b.size, self.np_dtype)
+        self.exec.read_span(b.role, b.offset, b.offset + b.size, _shifted(local, b.offset))
+        every = np.empty((self.size, b.size), self.np_dtype)
+        wait([self.comm.Iallgather([local, self.mpi_dtype], [every, self.mpi_dtype])], step.name)
+        every = every.astype(np.float64)
+        if step.kind == "sum":
+            out = every[0].copy()
+            for r in range(1, self.size):             # rank order: the same bytes everywhere
+                out += every[r]
+        elif step.kind == "mean_var":
+            f = b.size // 2
+            means, variances = every[:, :f], every[:, f:]
+            mean = means.mean(axis=0)
+            var = (variances + (means - mean) ** 2).mean(axis=0)   # equal counts per rank
+            out = np.concatenate([mean, var])
+        else:
+            raise AssertionError(f"unknown host step kind {step.kind!r}")
+        d = self.plan.buffers[step.dst]
+        out = out.astype(self.np_dtype)
+        self.exec._pending.append(out)      # alive until the queue has copied it
+        self.exec.write_span(d.role, d.offset, d.offset + d.size, _shifted(out, d.offset))
+
+    # -- the gradient exchange ----------------------------------------------------------------
+    def _buckets(self, elements):
+        """Ranges of the gradient arena, last parameters first (backward finishes them first),
+        each of at least ``elements`` (bar the last) and split only between parameters."""
+        grads = sorted((b for b in self.plan.buffers.values() if b.role == "grad"),
+                       key=lambda b: b.offset, reverse=True)
+        n = self.plan.arenas.get("grad", 0)
+        out, hi = [], n
+        for b in grads:
+            if hi - b.offset >= max(elements, 1):
+                out.append((b.offset, hi))
+                hi = b.offset
+        if hi > 0:
+            out.append((0, hi))
+        return out
+
+    def _ready(self, seq):
+        """For each bucket, the index in ``seq`` of the last launch that touches a gradient
+        in it (-1: none does)."""
+        where = {}
+        for i, launch in enumerate(seq):
+            for buf in launch.buffers.values():
+                b = self.plan.buffers[buf]
+                if b.role == "grad":
+                    where[b.offset] = i
+        return [max((i for off, i in where.items() if lo <= off < hi), default=-1)
+                for lo, hi in self.buckets]
+
+    def exchange(self, seq, run, read_loss):
+        """Run ``seq`` (forward, loss, backward) through ``run`` and sum the gradient arena over
+        the ranks into ``self.host``; returns (the loss summed over ranks, how many ranks had a
+        non-finite loss). ``read_loss`` gives this rank's loss once the loss launches are done.
+        The sums are written back to the device only by ``apply``."""
+        MPI = self.MPI
+        if not self.bucket_bytes:
+            run(seq)
+            loss = read_loss()()
+            t0 = time.perf_counter()
+            if self.host.size:
+                self.exec.read_span("grad", 0, self.host.size, self.host)
+            t1 = time.perf_counter()
+            reqs = [self.comm.Iallreduce(MPI.IN_PLACE, [self.host, self.mpi_dtype], op=MPI.SUM)] \
+                if self.host.size else []
+            total = self._loss_sum(loss, reqs)
+            self.seconds["staging"] += t1 - t0
+            self.seconds["reduce"] += time.perf_counter() - t1
+            return total
+        cl = self.exec.cl
+        if self.copy_queue is None:
+            # Copies of finished buckets go on a queue of their own, each waiting for a marker
+            # after the bucket's last launch, so the compute queue never waits for a copy.
+            self.copy_queue = cl.CommandQueue(self.exec.ctx, self.exec.device)
+        ready = self._ready(seq)
+        order = sorted(range(len(self.buckets)), key=lambda k: (ready[k], k))
+        n_loss = next((i for i, launch in enumerate(seq) if launch.phase == "backward"), len(seq))
+        run(seq[:n_loss])
+        loss = read_loss(blocking=False)       # enqueued now, summed once the data is there
+        pos, events = n_loss, {}
+        for k in order:
+            stop = max(ready[k] + 1, pos)
+            run(seq[pos:stop])
+            pos = stop
+            lo, hi = self.buckets[k]
+            mark = cl.enqueue_marker(self.exec.queue)
+            events[k] = self.exec.read_span("grad", lo, hi, self.host, blocking=False,
+                                            queue=self.copy_queue, wait_for=[mark])
+            self.exec.flush()
+            self.copy_queue.flush()
+        run(seq[pos:])
+        self.exec.flush()
+        reqs = []
+        for k in order:
+            for ev in events[k]:
+                pause = _POLL_S[0]
+                while ev.command_execution_status > 0:    # not complete: keep MPI progressing
+                    if reqs:
+                        MPI.Request.Testall(reqs)
+                    time.sleep(pause)
+                    pause = min(2 * pause, _POLL_S[1])
+            lo, hi = self.buckets[k]
+            reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, [self.host[lo:hi], self.mpi_dtype],
+                                             op=MPI.SUM))
+        return self._loss_sum(loss(), reqs)
+
+    def _loss_sum(self, loss, reqs):
+        """Sum [loss, non-finite flag] over the ranks, then wait for ``reqs`` (the gradients'
+        reductions) too: (summed loss, ranks with a non-finite loss)."""
+        buf = np.array([loss, 0.0 if math.isfinite(loss) else 1.0])
+        reqs = reqs + [self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, self.MPI.DOUBLE],
+                                            op=self.MPI.SUM)]
+        wait(reqs, f"step {self.steps + 1}: gradient all-reduce")
+        self.steps += 1
+        return float(buf[0]), int(round(buf[1]))
+
+    def apply(self):
+        """Write the summed gradients back to the device (the optimizer scales them)."""
+        if self.host.size:
+            self.exec.write_span("grad", 0, self.host.size, self.host)
+
+    def allreduce_sum(self, values):
+        buf = np.array(values, np.float64)
+        wait([self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, self.MPI.DOUBLE], op=self.MPI.SUM)],
+             "loss all-reduce")
+        return buf
+
+
+def _shifted(array, offset):
+    """A view object whose [a:b] is array[a - offset:b - offset] (read_span/write_span index by
+    arena position)."""
+    class View:
+        def __getitem__(self, s):
+            return array[s.start - offset:s.stop - offset]
+    return View()
+
+
+def run_host_steps(seq, plan, run, host_step, after=None):
+    """Run ``seq`` with ``run(part, after)``, stopping after each launch that a host step follows
+    to run it."""
+    points = {h.after: h for h in plan.host_steps}
+    start = 0
+    for i, launch in enumerate(seq):
+        if launch.name in points:
+            run(seq[start:i + 1], after)
+            host_step(points[launch.name])
+            start = i + 1
+    if start < len(seq):
+        run(seq[start:], after)
+
+
