@@ -291,6 +291,12 @@ def export(model, path, target=None, train=False):
         raise BundleError(f"export: path must be a str or os.PathLike, got {type(path).__name__}")
     if not isinstance(train, bool):
         raise BundleError(f"export: train must be True or False, got {train!r}")
+    if model.plan.ranks > 1 or model.plan.host_steps:
+        # Its step has host collectives between launches and an optimizer scaled by 1/ranks,
+        # which a bundle has no way to say.
+        raise BundleError(f"export: model {model.graph.name!r} is data-parallel over "
+                          f"{model.plan.ranks} ranks; export a copy compiled without comm= "
+                          "(kn.load(checkpoint) in one process gives one)")
     path = os.path.abspath(os.fspath(path))
     if os.path.exists(path) and not os.path.isdir(path):
         raise BundleError(f"export: path {path} is a file; give a folder for the bundle")

@@ -57,6 +57,7 @@ def test_two_ranks_train_as_one_process_with_twice_the_batch(tmp_path):
     assert ov["ckpt_step"] == 6
     assert ov["ckpt_err"] < 1e-12 and ov["ckpt_loss_err"] < 1e-12
     for r in (r0, r1):
+        assert "is data-parallel over 2 ranks" in r["adam_overlap"]["export"]
         assert r["adam_overlap"]["load_comm_err"] == 0.0
         assert r["adam_overlap"]["load_comm_loss_err"] == 0.0
     # A NaN on rank 1 only: every rank skips the update and fit raises naming rank 1.
