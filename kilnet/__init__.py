@@ -1,6 +1,6 @@
 """kilnet: neural networks as dataflow graphs, compiled into plans of specialised OpenCL kernels."""
 from .errors import (BundleError, CheckpointError, CompileError, FeedError, GraphError,
-                     KilnetError, MemoryCheckError, ShapeError)
+                     KilnetError, MemoryCheckError, NonFiniteLoss, RankTimeout, ShapeError)
 from .graph import Graph, Value
 from .ops import (activation, add_norm, batchnorm, concat, conv1d, dense, graph_attention,
                   graph_conv, gte_block, mamba4cast_embedding, multi_window_conv, reshape, softmax,
@@ -8,7 +8,7 @@ from .ops import (activation, add_norm, batchnorm, concat, conv1d, dense, graph_
 from .ops import BUILDERS
 from .ops.optimizers import SGD, Adam
 from .compiler import compile
-from .fit import History, NonFiniteLoss, fit
+from .fit import History, fit
 from .runtime.device import devices
 from .runtime.checkpoint import load
 from .compiler.symbolic import ACTIVATIONS
@@ -17,4 +17,4 @@ __version__ = "0.1.0"
 __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "ACTIVATIONS",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError",
            "CheckpointError", "BundleError", "MemoryCheckError", "fit", "History",
-           "NonFiniteLoss"] + BUILDERS
+           "NonFiniteLoss", "RankTimeout"] + BUILDERS

@@ -32,3 +32,43 @@ class MemoryCheckError(KilnetError):
 class BundleError(KilnetError):
     """An export bundle cannot be written (a bad argument or destination) or read (a missing or
     damaged file, a newer format version, a malformed plan)."""
+
+
+class NonFiniteLoss(KilnetError):
+    """Training produced a NaN or infinite loss. ``.node`` is the first node whose output went
+    non-finite (None when the re-run found none), ``.report`` the full diagnosis dict
+    (see :meth:`kilnet.Model.first_non_finite`), ``.step`` the 1-based step that failed and
+    ``.history`` the history up to (not including) that step."""
+
+    def __init__(self, message, step=None, loss=None, report=None, history=None):
+        super().__init__(message)
+        self.step, self.loss, self.report, self.history = step, loss, report, history
+        self.node = report["node"] if report else None
+
+    @staticmethod
+    def describe(report):
+        """The lines of a first_non_finite report (see :meth:`kilnet.Model.first_non_finite`)."""
+        if report is None or report["node"] is None:
+            return "re-running the step's forward launches one at a time found no non-finite output"
+        loss = report["op"] == "loss"
+        where = ("an input" if report["kernel"] is None else
+                 f"the loss {report['node']!r}" if loss else f"node {report['node']!r}")
+        if "rank" in report:
+            where += f" on rank {report['rank']}"
+        lines = [f"the first non-finite output is {where}"
+                 + (f" (launch {report['launch']}, kernel {report['kernel']}, op {report['op']})"
+                    if report["kernel"] else "")
+                 + f": {report['non_finite']} of {report['size']} values non-finite"
+                 + ("; every node's output was finite, so the loss of finite values overflowed"
+                    if loss and all(r["non_finite"] == 0 for r in report["inputs"].values()) else "")]
+        for name, r in report["inputs"].items():
+            lines.append(f"  input {name}: min {r['min']:.4g}, max {r['max']:.4g}, "
+                         f"{r['non_finite']} non-finite")
+        if report["params"]:
+            lines.append("  non-finite parameters: " + ", ".join(report["params"]))
+        return "\n".join(lines)
+
+
+class RankTimeout(KilnetError):
+    """A collective did not complete in time: another rank left (``sys.exit`` mid-training, which
+    MPI sees as a clean exit) or is stuck. Uncaught, it aborts the job on every rank."""

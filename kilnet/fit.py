@@ -31,19 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CompileError, GraphError, KilnetError
-
-
-class NonFiniteLoss(KilnetError):
-    """Training produced a NaN or infinite loss. ``.node`` is the first node whose output went
-    non-finite (None when the re-run found none), ``.report`` the full diagnosis dict
-    (see :meth:`kilnet.Model.first_non_finite`), ``.step`` the 1-based step that failed and
-    ``.history`` the history up to (not including) that step."""
-
-    def __init__(self, message, step=None, loss=None, report=None, history=None):
-        super().__init__(message)
-        self.step, self.loss, self.report, self.history = step, loss, report, history
-        self.node = report["node"] if report else None
+from .errors import CompileError, GraphError, KilnetError, NonFiniteLoss
 
 
 @dataclass
@@ -92,28 +80,6 @@ def _pair(item, step):
         raise GraphError(f"fit: batch {step} must be a (feeds, targets) pair of dicts, got "
                          f"{type(item).__name__}")
     return item
-
-
-def _describe(report):
-    if report is None or report["node"] is None:
-        return "re-running the step's forward launches one at a time found no non-finite output"
-    loss = report["op"] == "loss"
-    where = ("an input" if report["kernel"] is None else
-             f"the loss {report['node']!r}" if loss else f"node {report['node']!r}")
-    if "rank" in report:
-        where += f" on rank {report['rank']}"
-    lines = [f"the first non-finite output is {where}"
-             + (f" (launch {report['launch']}, kernel {report['kernel']}, op {report['op']})"
-                if report["kernel"] else "")
-             + f": {report['non_finite']} of {report['size']} values non-finite"
-             + ("; every node's output was finite, so the loss of finite values overflowed"
-                if loss and all(r["non_finite"] == 0 for r in report["inputs"].values()) else "")]
-    for name, r in report["inputs"].items():
-        lines.append(f"  input {name}: min {r['min']:.4g}, max {r['max']:.4g}, "
-                     f"{r['non_finite']} non-finite")
-    if report["params"]:
-        lines.append("  non-finite parameters: " + ", ".join(report["params"]))
-    return "\n".join(lines)
 
 
 def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="raise",
@@ -166,7 +132,7 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
                     report = _first_non_finite(model, feeds, targets)
                     err = NonFiniteLoss(
                         f"fit: the loss went non-finite ({loss}) at step {history.steps + 1} "
-                        f"(epoch {epoch + 1}); the update was not applied; " + _describe(report),
+                        f"(epoch {epoch + 1}); the update was not applied; " + NonFiniteLoss.describe(report),
                         step=history.steps + 1, loss=loss, report=report, history=history)
                     _close_epoch(history, epoch_losses, t0, model.batch * ranks)
                     history.seconds = time.perf_counter() - t_run

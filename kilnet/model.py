@@ -5,7 +5,7 @@ import time
 import numpy as np
 
 from .compiler import names
-from .errors import CompileError, FeedError, GraphError, KilnetError
+from .errors import CompileError, FeedError, GraphError, KilnetError, NonFiniteLoss
 from .runtime.executor import Executor
 
 
@@ -257,8 +257,8 @@ class Model:
             return
 
         def stop(report):
-            from .fit import NonFiniteLoss, _describe
-            raise NonFiniteLoss(f"check_finite: model {self.graph.name!r}: " + _describe(report),
+            raise NonFiniteLoss(f"check_finite: model {self.graph.name!r}: "
+                                + NonFiniteLoss.describe(report),
                                 report=report)
         self._launch(seq, after=self._watch(seq, stop))
 

@@ -26,17 +26,12 @@ import time
 
 import numpy as np
 
-from ..errors import CompileError, KilnetError
+from ..errors import CompileError, KilnetError, RankTimeout
 
 DEFAULT_BUCKET_BYTES = 4 << 20      # overlap=True: reduce the gradients in buckets of ~4 MiB
 _POLL_S = (20e-6, 1e-3)     # polling backs off from 20 µs to 1 ms (a fixed 50 µs poll cost W1
                             # on 2 shared cores 2.5x: the sleeping thread kept waking PoCL's)
 DEFAULT_TIMEOUT_S = 600.0           # as torch.distributed's default; KILNET_MPI_TIMEOUT changes it
-
-
-class RankTimeout(KilnetError):
-    """A collective did not complete in time: another rank left (``sys.exit`` mid-training, which
-    MPI sees as a clean exit) or is stuck. Uncaught, it aborts the job on every rank."""
 
 
 def timeout_s():
