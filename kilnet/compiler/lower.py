@@ -6,6 +6,8 @@ read by several consumers gets the sum without a zeroing pass. A node's backward
 output received a gradient, and an input gradient is computed only where something upstream
 wants it (a parameter, or a graph input when ``input_grads`` is asked for).
 """
+import threading
+
 from ..errors import CompileError, GraphError
 from ..ops import get_op
 from ..ops.base import Collective, op_kinds
@@ -287,8 +289,19 @@ def _size(shape):
     return n
 
 
+# Passes record their decisions in the graph's nodes (``node.meta``): one lowering at a time, so
+# that two threads compiling one graph with different settings cannot read each other's.
+_LOWERING = threading.Lock()
+
+
 def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers=False,
           target=GPU, ranks=1):
+    with _LOWERING:
+        return _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target,
+                      ranks)
+
+
+def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks):
     ctype = {"float32": "float", "float64": "double"}[dtype]
     lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target, ranks)
     lo.declare_params()
