@@ -2,9 +2,7 @@
 from .errors import (BundleError, CheckpointError, CompileError, FeedError, GraphError,
                      KilnetError, MemoryCheckError, NonFiniteLoss, RankTimeout, ShapeError)
 from .graph import Graph, Value
-from .ops import (activation, add_norm, batchnorm, concat, conv1d, dense, graph_attention,
-                  graph_conv, gte_block, mamba4cast_embedding, multi_window_conv, reshape, softmax,
-                  time_encoding)
+from .ops import *  # noqa: F401,F403  (the builders: kilnet.ops.BUILDERS, from the op registry)
 from .ops import BUILDERS
 from .ops.optimizers import SGD, Adam
 from .compiler import compile

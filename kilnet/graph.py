@@ -38,14 +38,17 @@ def _is_dotted_name(name):
 
 
 class Node:
-    """One operation: ``op`` applied to ``inputs`` with ``attrs``; its output has ``shape``."""
+    """One operation: ``op`` applied to ``inputs`` with ``attrs``; its output has ``shape``.
+    ``meta`` is where compiler passes record what they decided about the node (as torch.fx's
+    ``Node.meta``); it is not part of the graph's description and each lowering rewrites it."""
 
-    __slots__ = ("graph", "name", "op", "inputs", "attrs", "shape", "users")
+    __slots__ = ("graph", "name", "op", "inputs", "attrs", "shape", "users", "meta")
 
     def __init__(self, graph, name, op, inputs, attrs, shape):
         self.graph, self.name, self.op = graph, name, op
         self.inputs, self.attrs, self.shape = tuple(inputs), dict(attrs), tuple(shape)
         self.users = []
+        self.meta = {}
 
     @property
     def size(self):

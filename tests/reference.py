@@ -120,6 +120,165 @@ def reshape(x, shape):
     return x.reshape((len(x),) + tuple(shape))
 
 
+# -- the articles' ops ------------------------------------------------------------------
+
+def chain(U):
+    i = np.arange(U)
+    return np.abs(i[:, None] - i[None, :]) == 1
+
+
+def masked_softmax(S, mask):
+    """Softmax of each row of S over the keys where mask is True (others get 0)."""
+    z = np.where(mask, S, -np.inf)
+    z = z - z.max(-1, keepdims=True)
+    e = np.where(mask, np.exp(z), 0.0)
+    return e / e.sum(-1, keepdims=True)
+
+
+def graph_attention(x, P, prefix, heads, key_dim, adjacency=None):
+    x = np.asarray(x, np.float64)
+    B, U, W = x.shape
+    adj = chain(U) if adjacency is None else np.asarray(adjacency).astype(bool)
+    eye = np.eye(U, dtype=bool)
+    con, not_con = adj | eye, ~adj | eye
+    proj = {}
+    for p in "qkv":
+        y = x @ P[f"{prefix}.{p}.weight"].T + P[f"{prefix}.{p}.bias"]
+        proj[p] = y.reshape(B, U, heads, key_dim).transpose(0, 2, 1, 3)        # (B, H, U, dk)
+    S = proj["q"] @ proj["k"].transpose(0, 1, 3, 2) / np.sqrt(key_dim)        # (B, H, U, U)
+    outs = []
+    for mask in (con, not_con):
+        O = masked_softmax(S, mask) @ proj["v"]                                 # (B, H, U, dk)
+        outs.append(O.transpose(0, 2, 1, 3).reshape(B, U, heads * key_dim))
+    O = np.concatenate(outs, -1)                                                # (B, U, 2HD)
+    return O @ P[f"{prefix}.out.weight"].T + P[f"{prefix}.out.bias"]
+
+
+def graph_conv(x, P, prefix):
+    x = np.asarray(x, np.float64)
+    f = x @ P[f"{prefix}.filter.weight"].T + P[f"{prefix}.filter.bias"]
+    s = x @ P[f"{prefix}.state.weight"].T + P[f"{prefix}.state.bias"]
+    return sigmoid(f) * ACT["leaky_relu"](s)
+
+
+def multi_window_conv(x, weights, biases, windows, step=1, activation=None):
+    """DESIGN.md: P = ⌈T/step⌉ positions for every window; window i of length n starts at
+    p·step − ⌊(n − 1)/2⌋, reads outside [0, T) are zero;
+    out[v, p, i·F + f] = act(b_i[f] + Σ_k W_i[f, k]·x[v, start + k]). x (B, V, T)."""
+    x = f64(x)
+    B, V, T = x.shape
+    P = -(-T // step)
+    F = len(biases[0])
+    out = np.zeros((B, V, P, len(windows) * F))
+    for i, n in enumerate(windows):
+        W, b = f64(weights[i]), f64(biases[i])
+        for p in range(P):
+            start = p * step - (n - 1) // 2
+            taps = np.zeros((B, V, n))
+            for k in range(n):
+                if 0 <= start + k < T:
+                    taps[:, :, k] = x[:, :, start + k]
+            out[:, :, p, i * F:(i + 1) * F] = taps @ W.T + b
+    return act(out, activation)
+
+
+def batchnorm_stream_train(x, gamma, beta, mean, var, B, eps=1e-5, activation=None):
+    """x (N, ...): samples in order; returns (y, μ after the last sample, σ² after it)."""
+    x = np.asarray(x, np.float64)
+    mu, v = np.array(mean, np.float64), np.array(var, np.float64)
+    y = np.empty_like(x)
+    for n in range(len(x)):
+        mu = ((B - 1) * mu + x[n]) / B
+        d = x[n] - mu
+        v = ((B - 1) * v + d * d) / B
+        y[n] = np.asarray(gamma, np.float64) * d / np.sqrt(v + eps) + np.asarray(beta, np.float64)
+    return act(y, activation), mu, v
+
+
+def batchnorm_stream_infer(x, gamma, beta, mean, var, B, eps=1e-5, activation=None):
+    """Each sample one step from the stored statistics, independently of the others."""
+    x = np.asarray(x, np.float64)
+    mu = ((B - 1) * np.asarray(mean, np.float64) + x) / B
+    d = x - mu
+    v = ((B - 1) * np.asarray(var, np.float64) + d * d) / B
+    y = np.asarray(gamma, np.float64) * d / np.sqrt(v + eps) + np.asarray(beta, np.float64)
+    return act(y, activation)
+
+
+def time_encoding(x, times, weight, bias, periods, freqs):
+    """x (B, U, C), times (B, U) -> (B, U, E): W·x + b + [period][harmonic][sin, cos]."""
+    x, t = np.asarray(x, np.float64), np.asarray(times, np.float64)
+    feats = []
+    for P in periods:
+        for k in range(1, freqs + 1):
+            phase = 2 * np.pi * k * t / P
+            feats += [np.sin(phase), np.cos(phase)]
+    return (np.einsum("buc,ec->bue", x, np.asarray(weight, np.float64))
+            + np.asarray(bias, np.float64) + np.stack(feats, axis=-1))
+
+
+# -- the interpreter's table: op name -> the reference of one node ---------------------------
+
+def _batchnorm(node, xs, P, training):
+    a, p = node.attrs, _params(node, P)
+    if a.get("streaming") is not None:
+        f = batchnorm_stream_train if training else batchnorm_stream_infer
+        y = f(xs[0], p("gamma"), p("beta"), p("running_mean"), p("running_var"), a["streaming"],
+              a["eps"], a["activation"])
+        return y[0] if training else y
+    if training:
+        return batchnorm_train(xs[0], p("gamma"), p("beta"), a["eps"], a["activation"])[0]
+    return batchnorm_infer(xs[0], p("gamma"), p("beta"), p("running_mean"), p("running_var"),
+                           a["eps"], a["activation"])
+
+
+def _params(node, P):
+    return lambda k: P[f"{node.name}.{k}"]
+
+
+def _mwc(node, xs, P, training):
+    a, n = node.attrs, len(node.attrs["windows"])
+    return multi_window_conv(xs[0], [P[f"{node.name}.weight.{i}"] for i in range(n)],
+                             [P[f"{node.name}.bias.{i}"] for i in range(n)], a["windows"],
+                             a["step"], a["activation"])
+
+
+def _time_encoding(node, xs, P, training):
+    p = _params(node, P)
+    return time_encoding(xs[0], xs[1], p("weight"), p("bias"), node.attrs["periods"],
+                         node.attrs["freqs"])
+
+
+def _graph_attention(node, xs, P, training):
+    a, adj = node.attrs, node.attrs["adjacency"]      # stored as {"units", "edges"} or None
+    if adj is not None:
+        m = np.zeros((adj["units"],) * 2, bool)
+        for q, k in adj["edges"]:
+            m[q, k] = True
+        adj = m
+    return graph_attention(xs[0], P, node.name, a["heads"], a["key_dim"], adj)
+
+
+# Each entry: (node, batched inputs, parameters {"<node>.<param>": array}, training) -> output.
+OPS = {
+    "dense": lambda n, xs, P, t: dense(xs[0], P[f"{n.name}.weight"],
+                                       P[f"{n.name}.bias"] if n.attrs["bias"] else None,
+                                       n.attrs["activation"]),
+    "conv1d": lambda n, xs, P, t: conv1d(xs[0], P[f"{n.name}.weight"], P[f"{n.name}.bias"],
+                                         n.attrs["step"], n.attrs["activation"]),
+    "activation": lambda n, xs, P, t: act(xs[0], n.attrs["kind"]),
+    "batchnorm": _batchnorm,
+    "softmax": lambda n, xs, P, t: softmax(xs[0], n.attrs["heads"]),
+    "concat": lambda n, xs, P, t: concat(*xs),
+    "add_norm": lambda n, xs, P, t: add_norm(*xs),
+    "reshape": lambda n, xs, P, t: reshape(xs[0], n.shape),
+    "multi_window_conv": _mwc,
+    "time_encoding": _time_encoding,
+    "graph_attention": _graph_attention,
+    "graph_conv": lambda n, xs, P, t: graph_conv(xs[0], P, n.name),
+}
+
+
 # -- losses ---------------------------------------------------------------------------------
 
 def mse(y, t):

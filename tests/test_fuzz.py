@@ -1,7 +1,8 @@
 """Property-based tests of the compiler (hypothesis).
 
 Valid graphs: random op sequences over the core ops (dense, conv1d, activation, batchnorm,
-softmax, concat, add_norm, reshape) with random sizes (1, odd, prime), fan-out and concat of a
+softmax, concat, add_norm, reshape) and the articles' ops (multi_window_conv, graph_conv,
+graph_attention, streaming batchnorm) with random sizes (1, odd, prime), fan-out and concat of a
 value with itself, compiled in float64; the inference plan's forward and the training plan's
 loss and gradients must match an independent numpy float64 interpreter built on
 tests/reference.py (gradients: central differences of the reference loss at a few random
@@ -38,6 +39,7 @@ def examples(k):
 # Sizes come from a small set (1, even, odd, prime) so that plans share kernels between examples.
 SIZES = [1, 2, 3, 5, 7]
 BATCHES = [1, 2, 3, 5]
+WINDOWS = [[1], [3], [2, 3], [1, 3, 5]]          # multi_window_conv
 ACTS = [None] + sorted(kn.ACTIVATIONS)
 # Kinked activations make central differences unreliable right at the kink; inputs are random
 # so the kink is hit with probability ~0, and the tolerance below absorbs the rest.
@@ -46,38 +48,18 @@ ACTS = [None] + sorted(kn.ACTIVATIONS)
 
 
 def interpret(graph, P, feeds, training):
-    """Every node's batched output in float64, from tests/reference.py's ops. ``P`` maps
-    parameter names to arrays; batch norm uses batch statistics when ``training``."""
+    """Every node's batched output in float64, from tests/reference.py's table of ops
+    (``ref.OPS``, by op name). ``P`` maps parameter names to arrays; batch norm uses batch
+    statistics when ``training``."""
     vals = {}
     for node in graph.nodes:
-        a = node.attrs
         xs = [vals[i.name] for i in node.inputs]
-        p = (lambda k: P[f"{node.name}.{k}"])
-        op = node.op
-        if op == "input":
+        if node.op == "input":
             y = ref.f64(feeds[node.name])
-        elif op == "dense":
-            y = ref.dense(xs[0], p("weight"), p("bias") if a["bias"] else None, a["activation"])
-        elif op == "conv1d":
-            y = ref.conv1d(xs[0], p("weight"), p("bias"), a["step"], a["activation"])
-        elif op == "activation":
-            y = ref.act(xs[0], a["kind"])
-        elif op == "batchnorm":
-            if training:
-                y = ref.batchnorm_train(xs[0], p("gamma"), p("beta"), a["eps"], a["activation"])[0]
-            else:
-                y = ref.batchnorm_infer(xs[0], p("gamma"), p("beta"), p("running_mean"),
-                                        p("running_var"), a["eps"], a["activation"])
-        elif op == "softmax":
-            y = ref.softmax(xs[0], a["heads"])
-        elif op == "concat":
-            y = ref.concat(*xs)
-        elif op == "add_norm":
-            y = ref.add_norm(*xs)
-        elif op == "reshape":
-            y = ref.reshape(xs[0], node.shape)
+        elif node.op in ref.OPS:
+            y = ref.OPS[node.op](node, xs, P, training)
         else:
-            raise AssertionError(f"interpreter has no op {op!r}")
+            raise AssertionError(f"interpreter has no op {node.op!r}")
         assert y.shape == (len(y),) + node.shape, (node, y.shape)
         vals[node.name] = y
     return {k: vals[n.name] for k, n in graph.outputs.items()}
@@ -105,13 +87,33 @@ def valid_graphs(draw):
     shape = (draw(st.sampled_from(SIZES)), draw(st.sampled_from(SIZES))) if two else \
         (draw(st.sampled_from(SIZES)),)
     values = [g.input("x", shape)]
-    ops = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "add_norm", "reshape"]
+    ops = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "add_norm", "reshape",
+           "multi_window_conv", "graph_conv", "graph_attention", "batchnorm_stream"]
     if batch > 1:
         ops.append("batchnorm")
     for _ in range(draw(st.integers(1, 5))):
         x = draw(st.sampled_from(values))
         op = draw(st.sampled_from(ops))
-        if op == "dense":
+        if op in ("multi_window_conv", "graph_conv", "graph_attention") and len(x.shape) != 2:
+            x = kn.reshape(x, (-1, draw(st.sampled_from(divisors(x.size)))))     # (units, width)
+            values.append(x)
+        if op == "multi_window_conv":
+            windows = draw(st.sampled_from([w for w in WINDOWS if max(w) <= x.shape[1]]))
+            y = kn.multi_window_conv(x, windows, draw(st.sampled_from(SIZES)),
+                                     step=draw(st.integers(1, 2)),
+                                     activation=draw(st.sampled_from(ACTS)))
+        elif op == "graph_conv":
+            y = kn.graph_conv(x, draw(st.sampled_from(SIZES)))
+        elif op == "graph_attention":
+            U = x.shape[0]
+            adjacency = None
+            if draw(st.booleans()):
+                adjacency = np.random.default_rng(draw(st.integers(0, 3))).random((U, U)) < 0.4
+            y = kn.graph_attention(x, draw(st.integers(1, 2)), draw(st.integers(1, 3)), adjacency)
+        elif op == "batchnorm_stream":
+            y = kn.batchnorm(x, activation=draw(st.sampled_from(ACTS)),
+                             streaming=draw(st.sampled_from([1, 2, 5])))
+        elif op == "dense":
             y = kn.dense(x, draw(st.sampled_from(SIZES)), activation=draw(st.sampled_from(ACTS)),
                          bias=draw(st.booleans()))
         elif op == "conv1d":

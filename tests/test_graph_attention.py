@@ -6,51 +6,11 @@ import pytest
 
 import kilnet as kn
 import reference as ref
+from reference import chain, masked_softmax, graph_attention as graph_attention_ref, graph_conv as graph_conv_ref  # noqa: F401
 from test_gradients import check_gradients
 
 
 # -- numpy float64 reference (from DESIGN.md, not from the kernels) ---------------------------
-
-def chain(U):
-    i = np.arange(U)
-    return np.abs(i[:, None] - i[None, :]) == 1
-
-
-def masked_softmax(S, mask):
-    """Softmax of each row of S over the keys where mask is True (others get 0)."""
-    z = np.where(mask, S, -np.inf)
-    z = z - z.max(-1, keepdims=True)
-    e = np.where(mask, np.exp(z), 0.0)
-    return e / e.sum(-1, keepdims=True)
-
-
-def graph_attention_ref(x, P, prefix, heads, key_dim, adjacency=None):
-    x = np.asarray(x, np.float64)
-    B, U, W = x.shape
-    adj = chain(U) if adjacency is None else np.asarray(adjacency).astype(bool)
-    eye = np.eye(U, dtype=bool)
-    con, not_con = adj | eye, ~adj | eye
-    proj = {}
-    for p in "qkv":
-        y = x @ P[f"{prefix}.{p}.weight"].T + P[f"{prefix}.{p}.bias"]
-        proj[p] = y.reshape(B, U, heads, key_dim).transpose(0, 2, 1, 3)        # (B, H, U, dk)
-    S = proj["q"] @ proj["k"].transpose(0, 1, 3, 2) / np.sqrt(key_dim)        # (B, H, U, U)
-    outs = []
-    for mask in (con, not_con):
-        O = masked_softmax(S, mask) @ proj["v"]                                 # (B, H, U, dk)
-        outs.append(O.transpose(0, 2, 1, 3).reshape(B, U, heads * key_dim))
-    O = np.concatenate(outs, -1)                                                # (B, U, 2HD)
-    return O @ P[f"{prefix}.out.weight"].T + P[f"{prefix}.out.bias"]
-
-
-def graph_conv_ref(x, P, prefix):
-    x = np.asarray(x, np.float64)
-    f = x @ P[f"{prefix}.filter.weight"].T + P[f"{prefix}.filter.bias"]
-    s = x @ P[f"{prefix}.state.weight"].T + P[f"{prefix}.state.bias"]
-    return ref.sigmoid(f) * ref.ACT["leaky_relu"](s)
-
-
-# -- helpers -------------------------------------------------------------------------------
 
 def attention_graph(U, W, heads, key_dim, adjacency=None):
     g = kn.Graph("ga")

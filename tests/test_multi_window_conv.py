@@ -8,32 +8,12 @@ import pytest
 
 import kilnet as kn
 import reference as ref
+from reference import multi_window_conv as reference
 from test_gradients import check_gradients
 
 mwc = importlib.import_module("kilnet.ops.multi_window_conv")   # the module, not the function
 
 FORMS = ("cpu", "gpu")
-
-
-def reference(x, weights, biases, windows, step=1, activation=None):
-    """DESIGN.md: P = ⌈T/step⌉ positions for every window; window i of length n starts at
-    p·step − ⌊(n − 1)/2⌋, reads outside [0, T) are zero;
-    out[v, p, i·F + f] = act(b_i[f] + Σ_k W_i[f, k]·x[v, start + k]). x (B, V, T)."""
-    x = ref.f64(x)
-    B, V, T = x.shape
-    P = -(-T // step)
-    F = len(biases[0])
-    out = np.zeros((B, V, P, len(windows) * F))
-    for i, n in enumerate(windows):
-        W, b = ref.f64(weights[i]), ref.f64(biases[i])
-        for p in range(P):
-            start = p * step - (n - 1) // 2
-            taps = np.zeros((B, V, n))
-            for k in range(n):
-                if 0 <= start + k < T:
-                    taps[:, :, k] = x[:, :, start + k]
-            out[:, :, p, i * F:(i + 1) * F] = taps @ W.T + b
-    return ref.act(out, activation)
 
 
 def _id(case):

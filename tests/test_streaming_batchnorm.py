@@ -10,30 +10,8 @@ import pytest
 
 import kilnet as kn
 import reference as ref
+from reference import batchnorm_stream_infer as stream_infer_ref, batchnorm_stream_train as stream_train_ref
 from test_gradients import check_gradients
-
-
-def stream_train_ref(x, gamma, beta, mean, var, B, eps=1e-5, activation=None):
-    """x (N, ...): samples in order; returns (y, μ after the last sample, σ² after it)."""
-    x = np.asarray(x, np.float64)
-    mu, v = np.array(mean, np.float64), np.array(var, np.float64)
-    y = np.empty_like(x)
-    for n in range(len(x)):
-        mu = ((B - 1) * mu + x[n]) / B
-        d = x[n] - mu
-        v = ((B - 1) * v + d * d) / B
-        y[n] = np.asarray(gamma, np.float64) * d / np.sqrt(v + eps) + np.asarray(beta, np.float64)
-    return ref.act(y, activation), mu, v
-
-
-def stream_infer_ref(x, gamma, beta, mean, var, B, eps=1e-5, activation=None):
-    """Each sample one step from the stored statistics, independently of the others."""
-    x = np.asarray(x, np.float64)
-    mu = ((B - 1) * np.asarray(mean, np.float64) + x) / B
-    d = x - mu
-    v = ((B - 1) * np.asarray(var, np.float64) + d * d) / B
-    y = np.asarray(gamma, np.float64) * d / np.sqrt(v + eps) + np.asarray(beta, np.float64)
-    return ref.act(y, activation)
 
 
 def build(shape, B, activation=None, eps=1e-5):

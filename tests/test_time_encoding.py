@@ -5,19 +5,8 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+from reference import time_encoding as time_encoding_ref
 from test_gradients import check_gradients
-
-
-def time_encoding_ref(x, times, weight, bias, periods, freqs):
-    """x (B, U, C), times (B, U) -> (B, U, E): W·x + b + [period][harmonic][sin, cos]."""
-    x, t = np.asarray(x, np.float64), np.asarray(times, np.float64)
-    feats = []
-    for P in periods:
-        for k in range(1, freqs + 1):
-            phase = 2 * np.pi * k * t / P
-            feats += [np.sin(phase), np.cos(phase)]
-    return (np.einsum("buc,ec->bue", x, np.asarray(weight, np.float64))
-            + np.asarray(bias, np.float64) + np.stack(feats, axis=-1))
 
 
 def build(U, C, periods, freqs):

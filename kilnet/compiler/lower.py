@@ -6,22 +6,17 @@ read by several consumers gets the sum without a zeroing pass. A node's backward
 output received a gradient, and an input gradient is computed only where something upstream
 wants it (a parameter, or a graph input when ``input_grads`` is asked for).
 """
+import threading
+
 from ..errors import CompileError, GraphError
 from ..ops import get_op
-from ..ops.base import Collective
-from ..ops.losses import check as check_loss, elementwise_loss, parts
-from ..ops.softmax import cross_entropy
+from ..ops.base import Collective, op_kinds
+from ..ops.losses import ELEMENTWISE, check as check_loss, elementwise_loss, parts
 from . import memory, names
+from .fusion import fuse_activation_derivatives, grad_writers, root
 from .plan import Arg, HostStep, Launch, Plan
 from .specialise import Specialiser
 from .target import GPU
-
-
-def root(node):
-    """The node that owns the memory of ``node``'s output (views share their input's)."""
-    while get_op(node.op).is_view:
-        node = node.inputs[0]
-    return node
 
 
 class Context:
@@ -64,21 +59,27 @@ class Context:
     def acc(self, i):
         return self._acc.get(i, False)
 
+    def preactivation(self):
+        """This node's pre-activation scratch (``Op.preactivation``), or None."""
+        pre = get_op(self.node.op).preactivation(self.node)
+        return self.scratch(pre[1], self.batch * self.node.size) if pre else None
+
     def dx_scale(self, i):
-        """(activation, pre-activation buffer) when input i's gradient has this node as its
-        only writer and belongs to a layer that keeps its pre-activation: the caller applies
-        act' as it stores dx, and that layer skips its own scaling launch. None otherwise."""
-        r = root(self.node.inputs[i])
-        z = names.scratch(r.name, "z")
-        if (self.dx(i) is None or self.acc(i) or self._l.writers.get(r.name) != 1
-                or r.attrs.get("activation", "none") == "none" or z not in self._l.buffers):
+        """(activation, pre-activation buffer) when the fusion pass decided that the product
+        storing input i's gradient applies act' of the input's producer (its only writer), which
+        then skips its own scaling launch. None otherwise."""
+        pre = self.node.meta["dx_scale"].get(i)
+        if pre is None or self.dx(i) is None:
             return None
-        self._l.prescaled.add(r.name)
-        return r.attrs["activation"], z
+        z = names.scratch(root(self.node.inputs[i]).name, pre[1])
+        if z not in self._l.buffers or self.acc(i):
+            raise AssertionError(f"{self.node.name}: input {i}'s producer declares a pre-activation "
+                                 f"{z} that its forward did not keep, or has other writers")
+        return pre[0], z
 
     @property
     def dy_prescaled(self):
-        return root(self.node).name in self._l.prescaled
+        return root(self.node).meta["dy_prescaled"]
 
 
 class Lowering:
@@ -172,7 +173,7 @@ class Lowering:
                 continue
             self.emit(node.name, "forward" if training else "infer",
                       op.forward(node, Context(self, node, training)))
-            if training and getattr(op, "mode_dependent", False):
+            if training and op.mode_dependent:
                 self.emit(node.name, "infer", op.forward(node, Context(self, node, False)),
                           suffix="_infer")
         for name, node in self.graph.outputs.items():
@@ -193,18 +194,7 @@ class Lowering:
     def backward(self):
         wants = self.wants_grad()
         written = set()          # gradient storages (by root name) that hold a contribution
-        # How many writers each gradient storage will have: one per (consumer, input) of a
-        # non-view node, one per loss on an output.
-        self.writers, self.prescaled = {}, set()
-        for node in self.graph.nodes:
-            if node.op != "input" and not get_op(node.op).is_view:
-                for inp in node.inputs:
-                    if wants[inp.name]:
-                        self.writers[root(inp).name] = self.writers.get(root(inp).name, 0) + 1
-        for out_name in self.loss:
-            node = self.graph.outputs[out_name]
-            r = root(node.inputs[0] if self.loss[out_name] == "cross_entropy" else node).name
-            self.writers[r] = self.writers.get(r, 0) + 1
+        fuse_activation_derivatives(self.graph, grad_writers(self.graph, self.loss, wants), wants)
 
         def contribute(ctx, i, inp):
             if wants[inp.name]:
@@ -217,11 +207,13 @@ class Lowering:
             node = self.graph.outputs[out_name]
             target = self.buffer(names.target(out_name), "target", self.batch * node.size,
                                  (self.batch,) + node.shape)
-            if kind == "cross_entropy":
+            op = get_op(node.op)
+            if kind in op.fused_losses:       # computed by the op from its input (softmax)
                 ctx = Context(self, node, True)
                 contribute(ctx, 0, node.inputs[0])
-                loss = self.buffer(names.loss_part(out_name), "loss", self.batch * node.attrs["heads"])
-                self.emit(f"loss.{out_name}", "loss", [cross_entropy(node, ctx, target, loss)])
+                loss = self.buffer(names.loss_part(out_name), "loss",
+                                   self.batch * op.loss_parts(node, kind))
+                self.emit(f"loss.{out_name}", "loss", [op.loss(node, ctx, kind, target, loss)])
             else:
                 ctx = Context(self, node, True)
                 contribute(ctx, 0, node)
@@ -297,8 +289,19 @@ def _size(shape):
     return n
 
 
+# Passes record their decisions in the graph's nodes (``node.meta``): one lowering at a time, so
+# that two threads compiling one graph with different settings cannot read each other's.
+_LOWERING = threading.Lock()
+
+
 def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers=False,
           target=GPU, ranks=1):
+    with _LOWERING:
+        return _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target,
+                      ranks)
+
+
+def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks):
     ctype = {"float32": "float", "float64": "double"}[dtype]
     lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target, ranks)
     lo.declare_params()
@@ -350,7 +353,8 @@ def check_loss_spec(graph, loss):
                              f"{sorted(graph.outputs)}")
         check_loss(kind, out)
         node = graph.outputs[out]
-        if kind == "cross_entropy" and node.op != "softmax":
-            raise GraphError(f"loss for output {out!r}: cross_entropy needs a softmax output, but "
-                             f"{node.name!r} is a {node.op}")
+        if kind not in ELEMENTWISE and kind not in get_op(node.op).fused_losses:
+            raise GraphError(f"loss for output {out!r}: {kind} needs a "
+                             f"{' or '.join(op_kinds(fused_loss=kind))} output, but {node.name!r} "
+                             f"is a {node.op}")
     return dict(loss)

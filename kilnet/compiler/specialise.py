@@ -8,7 +8,16 @@ import re
 
 import jinja2
 
-_env = jinja2.Environment(loader=jinja2.PackageLoader("kilnet", "templates"),
+from ..ops.base import TEMPLATES
+
+
+def _op_template(name):
+    """A template an op brings in its own module (``Op.templates``) rather than templates/."""
+    return TEMPLATES.get(name.removesuffix(".cl.j2"))
+
+
+_env = jinja2.Environment(loader=jinja2.ChoiceLoader([jinja2.PackageLoader("kilnet", "templates"),
+                                                      jinja2.FunctionLoader(_op_template)]),
                           undefined=jinja2.StrictUndefined, trim_blocks=False,
                           keep_trailing_newline=True)
 

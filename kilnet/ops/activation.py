@@ -35,6 +35,7 @@ def scale_by_derivative(ctx, kind, z, n):
 @register
 class Activation(Op):
     kind = "activation"
+    builder = activation
 
     def infer(self, node):
         node.attrs["kind"] = symbolic.check(node.attrs["kind"])

@@ -19,6 +19,7 @@ def add_norm(a, b, name=None):
 @register
 class AddNorm(Op):
     kind = "add_norm"
+    builder = add_norm
 
     def infer(self, node):
         a, b = node.inputs

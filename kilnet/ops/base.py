@@ -11,19 +11,41 @@ import numpy as np
 
 from ..errors import GraphError, ShapeError
 
-_REGISTRY = {}
+_REGISTRY = {}             # op kind -> Op instance
+BUILDERS = {}              # public builder name -> function (kilnet.<name>), in registration order
+TEMPLATES = {}             # template name -> Jinja2 source that an op brings itself (Op.templates)
 
 
-def register(cls):
-    _REGISTRY[cls.kind] = cls()
-    return cls
+def register(obj):
+    """The one step that adds an op: decorate its ``Op`` subclass. This registers the op's
+    ``kind`` (what graph nodes and checkpoints name), its ``builder`` (the public function,
+    exported as ``kilnet.<builder name>`` when the op is part of the package) and any inline
+    ``templates``. A composite that only builds other ops (``gte_block``) decorates its builder
+    function instead."""
+    if not isinstance(obj, type):
+        BUILDERS[obj.__name__] = obj
+        return obj
+    for name, source in obj.templates.items():
+        if TEMPLATES.get(name, source) != source:
+            raise GraphError(f"op {obj.kind!r}: template {name!r} is already defined by another op")
+        TEMPLATES[name] = source
+    _REGISTRY[obj.kind] = obj()
+    if obj.builder is not None:
+        BUILDERS[obj.builder.__name__] = obj.builder
+    return obj
 
 
 def get_op(kind):
     try:
         return _REGISTRY[kind]
     except KeyError:
-        raise GraphError(f"unknown op {kind!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        raise GraphError(f"unknown op {kind!r}; known: {', '.join(op_kinds())}") from None
+
+
+def op_kinds(fused_loss=None):
+    """The registered op kinds, sorted; those that compute loss ``fused_loss``, if given."""
+    return sorted(k for k, op in _REGISTRY.items()
+                  if fused_loss is None or fused_loss in op.fused_losses)
 
 
 @dataclass
@@ -95,9 +117,35 @@ def pow2_at_least(n, cap):
 
 
 class Op:
-    """Base of every op. Subclasses set ``kind`` and override what they need."""
+    """Base of every op. Subclasses set ``kind`` and override what they need. The compiler
+    knows an op only through what is declared here, never by its name."""
     kind = ""
+    builder = None             # the public function that adds this op to a graph
+    templates = {}             # name -> inline Jinja2 source, usable as a Kernel's template
     is_view = False            # output shares its input's memory (reshape)
+    mode_dependent = False     # forward differs between training and inference (batch norm): a
+    #                            training plan also gets the inference forward (``…_infer``)
+    applies_input_derivative = False
+    # True when backward hands ``ctx.dx_scale(i)`` to the product that writes input i's
+    # gradient, so that act' of the input's producer is applied as dx is stored (the
+    # activation-derivative fusion, compiler/fusion.py).
+    fused_losses = ()          # loss kinds this op computes itself from its input (``loss``)
+
+    def preactivation(self, node):
+        """(activation, scratch key) when the training forward keeps the pre-activation z in
+        ``ctx.preactivation()`` and backward turns dy into dz with ``scale_by_derivative``
+        (which it skips when ``ctx.dy_prescaled``); None when the op keeps none."""
+        return None
+
+    def loss(self, node, ctx, kind, target, loss):
+        """The kernel of loss ``kind`` (one of ``fused_losses``) on this node's output, computed
+        from input 0: it writes the loss parts to ``loss`` and, where ``ctx.dx(0)``, input 0's
+        gradient."""
+        raise NotImplementedError
+
+    def loss_parts(self, node, kind):
+        """Loss parts per sample that ``loss`` writes."""
+        raise NotImplementedError
 
     def infer(self, node):
         raise NotImplementedError
@@ -119,6 +167,13 @@ class Op:
     def update_state(self, node, ctx):
         """Kernels updating layer state after a training forward (batch-norm running statistics)."""
         return []
+
+
+def keeps_preactivation(node):
+    """``Op.preactivation`` of a layer whose ``activation`` attribute is applied to a product
+    it computes: it keeps z = the product in scratch "z" when there is an activation."""
+    act = node.attrs["activation"]
+    return None if act == "none" else (act, "z")
 
 
 def need(cond, node, message, exc=ShapeError):

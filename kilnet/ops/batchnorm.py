@@ -78,6 +78,7 @@ def batchnorm(x, momentum=0.1, eps=1e-5, activation=None, streaming=None, sync=F
 @register
 class BatchNorm(Op):
     kind = "batchnorm"
+    builder = batchnorm
     mode_dependent = True
 
     def infer(self, node):

@@ -15,6 +15,7 @@ def concat(*xs, name=None):
 @register
 class Concat(Op):
     kind = "concat"
+    builder = concat
 
     def infer(self, node):
         first = node.inputs[0].shape

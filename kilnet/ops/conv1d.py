@@ -6,7 +6,7 @@ im2col with row stride step·C); both gradients are GEMMs too.
 """
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import Op, Param, int_attr, need, register
+from .base import Op, Param, int_attr, keeps_preactivation, need, register
 from .activation import scale_by_derivative
 from .gemm import column_sum, gemm
 
@@ -20,6 +20,8 @@ def conv1d(x, filters, window, step=1, activation=None, name=None):
 @register
 class Conv1d(Op):
     kind = "conv1d"
+    builder = conv1d
+    applies_input_derivative = True
 
     def infer(self, node):
         a = node.attrs
@@ -41,22 +43,20 @@ class Conv1d(Op):
         (U, C), (Uo, F) = node.inputs[0].shape, node.shape
         return U, C, Uo, F, node.attrs["window"], node.attrs["step"], node.attrs["activation"]
 
-    def _z(self, node, ctx):
-        if node.attrs["activation"] == "none":
-            return None
-        return ctx.scratch("z", ctx.batch * node.size)
+    def preactivation(self, node):
+        return keeps_preactivation(node)
 
     def forward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
         return gemm(ctx, "forward", M=Uo, N=F, K=W * C, batch=ctx.batch, a=ctx.x(0), w=ctx.p("weight"),
                     out=ctx.y, a_idx=f"b*{U * C} + m*{S * C} + k", b_idx=f"n*{W * C} + k",
                     c_idx=f"b*{Uo * F} + m*{F} + n", a_kfast=True, b_nfast=False,
-                    bias=ctx.p("bias"), act=act, z=self._z(node, ctx) if ctx.training else None)
+                    bias=ctx.p("bias"), act=act, z=ctx.preactivation() if ctx.training else None)
 
     def backward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
         B = ctx.batch
-        ks = scale_by_derivative(ctx, act, self._z(node, ctx), B * Uo * F)   # dY becomes dZ
+        ks = scale_by_derivative(ctx, act, ctx.preactivation(), B * Uo * F)   # dY becomes dZ
         if ctx.dx(0):
             # dX[b, i, c] = Σ_{j, f} dZ[b, (i − j)/S, f]·W[f, j, c] over taps j where (i − j) is a
             # multiple of S inside [0, Uo·S): a GEMM over k = (j, f) with a predicate on A.

@@ -1,7 +1,7 @@
 """dense: y = act(W·flatten(x) + b); weight (units, in), bias (units,) as in torch.nn.Linear."""
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import GraphError, Op, Param, int_attr, need, register
+from .base import GraphError, Op, Param, int_attr, keeps_preactivation, need, register
 from .activation import scale_by_derivative
 from .gemm import linear, linear_backward
 
@@ -15,6 +15,8 @@ def dense(x, units, activation=None, bias=True, name=None):
 @register
 class Dense(Op):
     kind = "dense"
+    builder = dense
+    applies_input_derivative = True
 
     def infer(self, node):
         int_attr(node, "units", node.attrs["units"])
@@ -30,22 +32,19 @@ class Dense(Op):
             ps.append(Param("bias", (units,), "uniform", fan_in))
         return ps
 
-    def _z(self, node, ctx):
-        """Pre-activation kept for the backward pass (training plans with an activation)."""
-        if node.attrs["activation"] == "none":
-            return None
-        return ctx.scratch("z", ctx.batch * node.attrs["units"])
+    def preactivation(self, node):
+        return keeps_preactivation(node)
 
     def forward(self, node, ctx):
         U, I, act = node.attrs["units"], node.inputs[0].size, node.attrs["activation"]
         return linear(ctx, "forward", rows=ctx.batch, n_in=I, n_out=U, x=ctx.x(0),
                       weight=ctx.p("weight"), out=ctx.y,
                       bias=ctx.p("bias") if node.attrs["bias"] else None, act=act,
-                      z=self._z(node, ctx) if ctx.training else None)
+                      z=ctx.preactivation() if ctx.training else None)
 
     def backward(self, node, ctx):
         U, I, act, B = node.attrs["units"], node.inputs[0].size, node.attrs["activation"], ctx.batch
-        ks = scale_by_derivative(ctx, act, self._z(node, ctx), B * U)   # dY becomes dZ
+        ks = scale_by_derivative(ctx, act, ctx.preactivation(), B * U)   # dY becomes dZ
         return ks + linear_backward(ctx, rows=B, n_in=I, n_out=U, dz=ctx.dy, x=ctx.x(0),
                                     weight=ctx.p("weight"), dweight=ctx.dp("weight"),
                                     dbias=ctx.dp("bias") if node.attrs["bias"] else None,

@@ -85,6 +85,7 @@ def _edges(node, adjacency, U):
 @register
 class GraphAttention(Op):
     kind = "graph_attention"
+    builder = graph_attention
 
     def infer(self, node):
         a = node.attrs

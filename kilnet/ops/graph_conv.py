@@ -27,6 +27,7 @@ def graph_conv(x, width, name=None):
 @register
 class GraphConv(Op):
     kind = "graph_conv"
+    builder = graph_conv
 
     def infer(self, node):
         width = int_attr(node, "width", node.attrs["width"])

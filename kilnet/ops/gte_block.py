@@ -15,11 +15,13 @@ gradients flow forwards through every layer (the article swaps the layer argumen
 """
 from ..graph import graph_of
 from .add_norm import add_norm
+from .base import register
 from .conv1d import conv1d
 from .graph_attention import graph_attention
 from .graph_conv import graph_conv
 
 
+@register
 def gte_block(x, heads, key_dim, adjacency=None, name=None):
     """(U, W) -> (U, W): graph attention, two gated graph convolutions and a feed-forward pair,
     each with a residual add_norm."""

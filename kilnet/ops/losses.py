@@ -3,6 +3,7 @@ cross_entropy (on a softmax output, per head) lives with softmax, whose logits i
 from .base import GraphError, kernel
 
 LOSSES = ("mse", "cross_entropy", "huber")
+ELEMENTWISE = ("mse", "huber")   # the others only an op computes (Op.fused_losses)
 CHUNK = 1024               # elements of a sample per loss part: a long sample is not one lane's loop
 GPU_LANES = 64
 

@@ -18,12 +18,14 @@ import math
 
 from ..errors import ShapeError
 from ..graph import graph_of
+from .base import register
 from .batchnorm import batchnorm
 from .concat import concat
 from .conv1d import conv1d
 from .time_encoding import check_periods, time_encoding
 
 
+@register
 def mamba4cast_embedding(x, times, width, periods, streaming=None, name=None):
     """(U, C), (U,) -> (U, width): tanh projection + batch norm, joined with time features."""
     g = graph_of(x, "mamba4cast_embedding")

@@ -31,8 +31,8 @@ in as constants). Rows are (sample, variable) pairs.
 from ..compiler import symbolic
 from ..graph import graph_of
 from .activation import scale_by_derivative
-from .base import (GraphError, Op, Param, int_attr, kernel, need, pow2_at_least, register,
-                   round_up, vector_width)
+from .base import (GraphError, Op, Param, int_attr, keeps_preactivation, kernel, need,
+                   pow2_at_least, register, round_up, vector_width)
 
 LOCAL = 64            # forward / input-gradient work-group size
 KT = 8                # taps per parameter-gradient unit (longer windows are cut into chunks)
@@ -55,6 +55,7 @@ def _left(n):
 @register
 class MultiWindowConv(Op):
     kind = "multi_window_conv"
+    builder = multi_window_conv
 
     def infer(self, node):
         a = node.attrs
@@ -110,10 +111,8 @@ class MultiWindowConv(Op):
             bufs[f"{d}b{i}"] = get(f"bias.{i}")
         return bufs
 
-    def _z(self, node, ctx):
-        if node.attrs["activation"] == "none":
-            return None
-        return ctx.scratch("z", ctx.batch * node.size)
+    def preactivation(self, node):
+        return keeps_preactivation(node)
 
     def _packed(self, node, ctx, c):
         """CPU form: the weights k-major and the biases side by side, written by each forward."""
@@ -122,7 +121,7 @@ class MultiWindowConv(Op):
     def forward(self, node, ctx):
         c = self._consts(node, ctx, "forward")
         act = node.attrs["activation"]
-        z = self._z(node, ctx) if ctx.training else None
+        z = ctx.preactivation() if ctx.training else None
         c.update(act=symbolic.forward_c(act, "pre"), store_z=z is not None)
         if c["form"] == "cpu":
             c["vact"] = symbolic.vectorised(c["act"])
@@ -148,7 +147,7 @@ class MultiWindowConv(Op):
 
     def backward(self, node, ctx):
         act = node.attrs["activation"]
-        ks = scale_by_derivative(ctx, act, self._z(node, ctx), ctx.batch * node.size)  # dy -> dz
+        ks = scale_by_derivative(ctx, act, ctx.preactivation(), ctx.batch * node.size)  # dy -> dz
         if ctx.dx(0):
             c = self._consts(node, ctx, "backward_input")
             c.update(accumulate=ctx.acc(0))

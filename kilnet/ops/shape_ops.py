@@ -26,6 +26,7 @@ class Input(Op):
 @register
 class Reshape(Op):
     kind = "reshape"
+    builder = reshape
     is_view = True
 
     def infer(self, node):

@@ -27,6 +27,8 @@ def _launch(step, node, ctx, mode, buffers, **extra):
 @register
 class Softmax(Op):
     kind = "softmax"
+    builder = softmax
+    fused_losses = ("cross_entropy",)
 
     def infer(self, node):
         from .base import int_attr
@@ -44,6 +46,12 @@ class Softmax(Op):
             return []
         return [_launch("backward_input", node, ctx, "backward",
                         {"out": ctx.y, "dout": ctx.dy, "dinp": ctx.dx(0)}, accumulate=ctx.acc(0))]
+
+    def loss(self, node, ctx, kind, target, loss):
+        return cross_entropy(node, ctx, target, loss)
+
+    def loss_parts(self, node, kind):
+        return node.attrs["heads"]       # one per (sample, head)
 
 
 def cross_entropy(node, ctx, target, loss):

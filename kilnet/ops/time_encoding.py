@@ -56,6 +56,7 @@ def check_periods(periods, what):
 @register
 class TimeEncoding(Op):
     kind = "time_encoding"
+    builder = time_encoding
 
     def infer(self, node):
         a = node.attrs
