@@ -21,7 +21,6 @@ targets' variance, 0.25). With the right graph the loss falls far below that; wi
 stays near it.
 """
 import argparse
-import math
 import time
 
 import numpy as np

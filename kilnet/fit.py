@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CompileError, GraphError, KilnetError, NonFiniteLoss
+from .errors import CompileError, GraphError, NonFiniteLoss
 
 
 @dataclass

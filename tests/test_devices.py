@@ -175,7 +175,7 @@ def test_kilnet_devices_says_which_devices_build_and_which_is_the_default(fresh,
     assert "cannot build kernels: error: unknown target CPU 'generic'" in out
     assert rows[next(r["id"] for r in kn.devices() if r["device"] == order[0].name.strip()
                      and r["platform"] == order[0].platform.name.strip())].rstrip().endswith("NO")
-    assert f"default device: " in out and order[1].name.strip() in out.split("default device:")[1]
+    assert "default device: " in out and order[1].name.strip() in out.split("default device:")[1]
 
 
 def test_a_really_broken_pocl_is_skipped_and_refused_by_name(tmp_path):

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import kilnet as kn
-from kilnet import cli, export, mql5
+from kilnet import export, mql5
 from kilnet.compiler import names
+from test_cli import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -455,15 +456,6 @@ def test_export_is_atomic(tiny_model, tmp_path, monkeypatch):
 
 
 # -- the command line -----------------------------------------------------------------------
-def run_cli(capsys, *argv):
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_cli_export_inspect_and_mql5(capsys, tmp_path):
     spirals = os.path.join(EXAMPLES, "two_spirals.py")
     out_dir = tmp_path / "spirals"

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from ..errors import CompileError, KilnetError, RankTimeout
+from ..errors import CompileError, RankTimeout
 
 DEFAULT_BUCKET_BYTES = 4 << 20      # overlap=True: reduce the gradients in buckets of ~4 MiB
 _POLL_S = (20e-6, 1e-3)     # polling backs off from 20 µs to 1 ms (a fixed 50 µs poll cost W1
@@ -205,7 +205,6 @@ def agree(comm, mine):
     """Every rank hands in its fingerprint, or the KilnetError its compile raised; every rank
     raises (a rank's own error as it was, the others a CompileError naming that rank) when a
     rank failed or differs from rank 0, so no rank goes on to wait in a collective alone."""
-    rank = comm.Get_rank()
     summary = ("error", f"{type(mine).__name__}: {mine}") if isinstance(mine, BaseException) \
         else ("ok", mine)
     every = allgather_obj(comm, summary, "compile (the ranks compare their plans)")
