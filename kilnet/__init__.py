@@ -5,10 +5,9 @@ from .graph import Graph, Value
 from .ops import *  # noqa: F401,F403  (the builders: kilnet.ops.BUILDERS, from the op registry)
 from .ops import BUILDERS
 from .ops.optimizers import SGD, Adam
-from .compiler import compile
+from .build import compile, load
 from .fit import History, fit
 from .runtime.device import devices
-from .runtime.checkpoint import load
 from .compiler.symbolic import ACTIVATIONS
 
 __version__ = "0.1.0"

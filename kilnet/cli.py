@@ -19,7 +19,13 @@ import importlib.util
 import os
 import sys
 
+import kilnet as kn
+
+from . import export, mql5
 from .errors import KilnetError
+from .inspect import kernel_table, memory_table
+from .model import Model
+from .runtime.device import devices, select
 
 USAGE_ERROR = 2
 
@@ -30,7 +36,6 @@ class UsageError(Exception):
 
 # -- devices --------------------------------------------------------------------------------
 def cmd_devices(args):
-    from .runtime.device import devices, select
     rows = devices(check=True)
     if not rows:
         print("OpenCL reports no device")
@@ -114,8 +119,6 @@ def _load_module(name):
 
 def load_model(target, batch=1):
     """Resolve ``target`` to a compiled model (compiling a Graph for inference at ``batch``)."""
-    import kilnet as kn
-    from .model import Model
     kind, where, func = _split_target(target)
     module = _load_file(where) if kind == "file" else _load_module(where)
     fn = getattr(module, func, None)
@@ -135,7 +138,6 @@ def load_model(target, batch=1):
 
 
 def cmd_inspect(args):
-    from .inspect import kernel_table, memory_table
     if os.path.isdir(args.target):
         return _inspect_bundle(args)
     if args.batch < 1:
@@ -164,7 +166,6 @@ def cmd_inspect(args):
 
 
 def _inspect_bundle(args):
-    from . import export
     if not export.is_bundle(args.target):
         raise UsageError(f"{args.target} is a folder but not an export bundle (no plan.json)")
     doc = export.read(args.target)
@@ -189,7 +190,6 @@ def _inspect_bundle(args):
 
 # -- export ---------------------------------------------------------------------------------
 def cmd_export(args):
-    from . import export, mql5
     if args.out is None:
         if not export.is_bundle(args.target):
             raise UsageError("give the bundle folder to write: kilnet export MODEL OUT/ (or an "

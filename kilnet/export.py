@@ -33,7 +33,11 @@ import tempfile
 import numpy as np
 
 from .compiler import names
+from .compiler.lower import lower
+from .compiler.specialise import header
+from .compiler.target import Target
 from .errors import BundleError
+from .inspect import _fmt_bytes, _table
 
 FORMAT = "kilnet-bundle"
 VERSION = 1
@@ -62,8 +66,6 @@ def plan_for(model, target=None):
     """The plan in kernel form ``target`` ("cpu" or "gpu", default the model's own): the model's
     plan when it already is, else the same graph lowered for that form (with the limits of the
     model's device). A debug_buffers plan is lowered again without its per-buffer layout."""
-    from .compiler.lower import lower
-    from .compiler.target import Target
     plan = model.plan
     own = plan.target.kind if plan.target is not None else Target.of(model.device).kind
     kind = own if target is None else target
@@ -111,7 +113,6 @@ def program(plan, launches):
     for uniqueness is renamed in its declaration only; macros a kernel #defines are #undef'd
     after it; a file-scope helper function or typedef declared identically before (on one line)
     is dropped, declared differently is renamed within that kernel."""
-    from .compiler.specialise import header
     head = header(CTYPES[plan.dtype])
     used = list(dict.fromkeys(la.kernel for la in launches))
     rename = _kernel_names(used)
@@ -421,7 +422,6 @@ def _check(doc):
 
 # -- views of a bundle (kilnet inspect BUNDLE) -----------------------------------------------
 def summary(doc):
-    from .inspect import _fmt_bytes
     item = DTYPES[doc["dtype"]].itemsize
     counts = {}
     for la in doc["launches"]:
@@ -446,7 +446,6 @@ def summary(doc):
 
 
 def kernel_table(doc):
-    from .inspect import _table
     rows = [(la["name"], la["phase"], la["kernel"], str(tuple(la["global_size"])),
              str(tuple(la["local_size"])) if la["local_size"] else "-") for la in doc["launches"]]
     lines = _table(("launch", "phase", "kernel", "global", "local"), rows)
@@ -460,7 +459,6 @@ def kernel_table(doc):
 
 
 def memory_table(doc):
-    from .inspect import _table
     order = {a["role"]: i for i, a in enumerate(doc["arenas"])}
     rows = [(b["name"], b["role"], str(b["offset"]), str(b["size"]), str(tuple(b["shape"])))
             for b in sorted(doc["buffers"], key=lambda b: (order[b["role"]], b["offset"], b["name"]))]

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import CompileError, GraphError, NonFiniteLoss
+from .runtime.distributed import allgather_obj
 
 
 @dataclass
@@ -179,7 +180,6 @@ def _first_non_finite(model, feeds, targets):
     report = model.first_non_finite(feeds, targets)
     if getattr(model, "ranks", 1) <= 1:
         return report
-    from .runtime.distributed import allgather_obj
     every = allgather_obj(model.comm, report, "fit: the ranks' non-finite reports")
     for rank, found in enumerate(every):
         if found is not None:

@@ -9,6 +9,23 @@ import numbers
 
 from .errors import GraphError, KilnetError, ShapeError
 
+# The op definitions that nodes name by kind, filled by kilnet.ops.base.register when the op
+# package is imported: a graph checks and infers through them without importing the ops.
+OPS = {}
+
+
+def get_op(kind):
+    try:
+        return OPS[kind]
+    except KeyError:
+        raise GraphError(f"unknown op {kind!r}; known: {', '.join(op_kinds())}") from None
+
+
+def op_kinds(fused_loss=None):
+    """The registered op kinds, sorted; those that compute loss ``fused_loss``, if given."""
+    return sorted(k for k, op in OPS.items()
+                  if fused_loss is None or fused_loss in op.fused_losses)
+
 
 def _shape(shape, what):
     raw = shape
@@ -171,8 +188,6 @@ class Graph:
 
     def add(self, op, inputs, attrs, name=None):
         """Add a node (op functions call this): checks it, infers its shape, returns its value."""
-        from .ops import get_op
-
         opdef = get_op(op)
         count = None
         if name is None:

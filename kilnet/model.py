@@ -4,8 +4,12 @@ import time
 
 import numpy as np
 
+from . import checkpoint, export as bundle
 from .compiler import names
 from .errors import CompileError, FeedError, GraphError, KilnetError, NonFiniteLoss
+from .inspect import summary as summary_of
+from .ops import get_op
+from .runtime import distributed
 from .runtime.executor import Executor
 
 
@@ -24,7 +28,6 @@ class Model:
         if comm is None:
             self._exec = Executor(plan, device, poison=poison)
         else:
-            from .runtime import distributed
             error = None
             try:                # a rank whose kernels fail to build must not leave the others waiting
                 self._exec = Executor(plan, device, poison=poison)
@@ -267,8 +270,7 @@ class Model:
         if not self.plan.host_steps:
             self._exec.run(seq, after)
             return
-        from .runtime.distributed import run_host_steps
-        run_host_steps(seq, self.plan, self._exec.run, self._dist.host_step, after)
+        distributed.run_host_steps(seq, self.plan, self._exec.run, self._dist.host_step, after)
 
     def _exchange(self, seq):
         """Data-parallel: run ``seq`` (forward, loss, backward) and sum the gradients over the
@@ -303,20 +305,17 @@ class Model:
         return np.array(self.optimizer.scalars(step) + [1.0 / self.ranks])
 
     def summary(self):
-        from .inspect import summary
-        return summary(self)
+        return summary_of(self)
 
     def save(self, path):
-        from .runtime.checkpoint import save
-        save(self, path)
+        checkpoint.save(self, path)
 
     def export(self, path, target=None, train=False):
         """Write a bundle folder that runs this plan without Python: kernels.cl, plan.json (and
         plan.txt) with arenas, launches and argument slots, and the parameters as raw arrays; see
         kilnet/export.py. target: "cpu" | "gpu" kernel form (default the model's); train: also
         the train_step call and the optimizer moments. Returns the bundle's path."""
-        from .export import export
-        return export(self, path, target=target, train=train)
+        return bundle.export(self, path, target=target, train=train)
 
     def __repr__(self):
         ranks = f" rank {self.rank}/{self.ranks}" if self.comm is not None else ""
@@ -343,7 +342,6 @@ class Model:
         self.steps = {k: tuple(v) for k, v in steps.items()}
 
     def _param_specs(self):
-        from .ops import get_op
         specs = {}
         for node in self.graph.nodes:
             op = get_op(node.op)

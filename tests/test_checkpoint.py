@@ -12,7 +12,7 @@ import pytest
 
 import kilnet as kn
 from kilnet.graph import to_dict
-from kilnet.runtime import checkpoint
+from kilnet import checkpoint
 
 
 def _graph(units=8):
@@ -331,7 +331,7 @@ def test_wrong_architecture(tmp_path, trained, monkeypatch):
 
     def no_compile(*a, **k):
         raise AssertionError("arrays that do not fit must be refused before any compile")
-    monkeypatch.setattr(kn.compiler, "compile", no_compile)
+    monkeypatch.setattr(kn.build, "compile", no_compile)
     # The header of a wider model with these arrays, and these arrays made wider.
     graph = json.loads(json.dumps(header["graph"]))
     hid = next(n for n in graph["nodes"] if n["name"] == "hid")

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import GraphError, ShapeError
+from ..graph import OPS as _REGISTRY, get_op, op_kinds  # noqa: F401  (ops.get_op, ops.op_kinds)
 
-_REGISTRY = {}             # op kind -> Op instance
 BUILDERS = {}              # public builder name -> function (kilnet.<name>), in registration order
 TEMPLATES = {}             # template name -> Jinja2 source that an op brings itself (Op.templates)
 
@@ -33,19 +33,6 @@ def register(obj):
     if obj.builder is not None:
         BUILDERS[obj.builder.__name__] = obj.builder
     return obj
-
-
-def get_op(kind):
-    try:
-        return _REGISTRY[kind]
-    except KeyError:
-        raise GraphError(f"unknown op {kind!r}; known: {', '.join(op_kinds())}") from None
-
-
-def op_kinds(fused_loss=None):
-    """The registered op kinds, sorted; those that compute loss ``fused_loss``, if given."""
-    return sorted(k for k, op in _REGISTRY.items()
-                  if fused_loss is None or fused_loss in op.fused_losses)
 
 
 @dataclass

@@ -1,12 +1,12 @@
 """input and reshape: nodes that move no data."""
 import math
 
+from ..graph import graph_of
 from .base import GraphError, Op, need, register
 
 
 def reshape(x, shape, name=None):
     """A view with another per-sample shape of the same size (-1 allowed once). No kernel, no copy."""
-    from ..graph import graph_of
     g = graph_of(x, "reshape")
     if isinstance(shape, int):
         shape = (shape,)

@@ -8,7 +8,7 @@ to that input, (y·Σt − t)/B, is written directly: going through −t/y would
 underflow to zero in float32.
 """
 from ..graph import graph_of
-from .base import Op, kernel, need, pow2_at_least, register
+from .base import Op, int_attr, kernel, need, pow2_at_least, register
 
 
 def softmax(x, heads=1, name=None):
@@ -31,7 +31,6 @@ class Softmax(Op):
     fused_losses = ("cross_entropy",)
 
     def infer(self, node):
-        from .base import int_attr
         H = int_attr(node, "heads", node.attrs["heads"])
         size = node.inputs[0].size
         need(size % H == 0, node, f"heads={H} does not divide the input's {size} values "

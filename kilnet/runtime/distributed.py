@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from ..errors import CompileError, RankTimeout
+from ..graph import to_dict
 
 DEFAULT_BUCKET_BYTES = 4 << 20      # overlap=True: reduce the gradients in buckets of ~4 MiB
 _POLL_S = (20e-6, 1e-3)     # polling backs off from 20 µs to 1 ms (a fixed 50 µs poll cost W1
@@ -180,7 +181,6 @@ def fingerprint(plan, overlap):
     batch, dtype, loss, optimizer, the layout of parameters and gradients, the host steps and the
     overlap buckets. Kernel sources are left out: ranks on different kinds of device differ
     there and still train together."""
-    from ..graph import to_dict
     graph = to_dict(plan.graph)
     layout = sorted((b.name, b.role, b.offset, b.size) for b in plan.buffers.values()
                     if b.role in ("param", "grad", "moment1", "moment2", "state"))

@@ -18,8 +18,12 @@ import tempfile
 
 import numpy as np
 
-from ..compiler import names
-from ..errors import CheckpointError, CompileError, KilnetError
+from .compiler import names
+from .errors import CheckpointError, KilnetError
+from .graph import from_dict, to_dict
+from .ops import get_op
+from .ops.optimizers import from_config
+from .runtime.distributed import bcast_obj
 
 NP_DTYPE = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
 FORMAT = "kilnet-checkpoint"
@@ -68,7 +72,6 @@ def save(model, path):
             _save(model, path)
         except CheckpointError as e:
             error = e
-    from .distributed import bcast_obj
     message = bcast_obj(model.comm, None if error is None else str(error), "save")
     if error is not None:
         raise error
@@ -77,7 +80,6 @@ def save(model, path):
 
 
 def _save(model, path):
-    from ..graph import to_dict
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise CheckpointError(f"save: path must be a str or os.PathLike, got {type(path).__name__}")
     plan = model.plan
@@ -170,7 +172,6 @@ def _read(path):
 def _expected_arrays(graph, optimizer):
     """{array key: (plan buffer, size)} for every parameter, state and moment of ``graph``, from the
     ops' own declarations (no compile, no device)."""
-    from ..ops import get_op
     wanted = {}
     for node in graph.nodes:
         op = get_op(node.op)
@@ -185,57 +186,9 @@ def _expected_arrays(graph, optimizer):
     return wanted
 
 
-def load(path, device=None, batch=None, comm=None, overlap=False):
-    """Rebuild and compile the saved model (optionally for another batch), with its parameters,
-    state, optimizer moments and step count, so training continues exactly where it stopped.
-
-    ``comm``: load it as a data-parallel model (every rank calls ``load``; ``batch`` is then per
-    rank). A checkpoint saved by N ranks holds the per-rank batch; to continue the same training
-    in one process, pass ``batch=N * B`` (``header["ranks"]`` says N)."""
-    from ..compiler import compile
-    from .device import select
-    if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
-        raise CompileError(f"load: batch must be None or an int >= 1, got {batch!r}")
-    if comm is not None:
-        from . import distributed
-        distributed.check_comm(comm)
-        error = None
-        try:        # a rank that cannot read the file must not leave the others waiting
-            parsed = _parse(path)
-        except KilnetError as e:
-            error = e
-        distributed.agree_ok(comm, error)
-        graph, c, optimizer, step, dtype, wanted, arrays = parsed
-    else:
-        if not hasattr(device, "int_ptr"):     # a bad device choice is not the file's fault
-            device = select(device)
-        graph, c, optimizer, step, dtype, wanted, arrays = _parse(path)
-    try:
-        model = compile(graph, batch=c["batch"] if batch is None else batch, optimizer=optimizer,
-                        loss=c["loss"] or None, dtype=dtype, device=device, seed=c["seed"],
-                        input_grads=c.get("input_grads", False),
-                        **({} if comm is None else {"comm": comm, "overlap": overlap}))
-    except KilnetError as e:
-        raise CheckpointError(f"{path}: the saved architecture does not compile: {e}") from None
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"{path}: checkpoint header is malformed ({type(e).__name__}: {e})") from None
-    for key, (buf, size) in wanted.items():
-        b = model.plan.buffers.get(buf)
-        if b is None or b.size != size:     # the plan and the ops disagree: a kilnet bug
-            raise CheckpointError(f"{path}: internal: array {key!r} has no buffer of size {size} "
-                                  f"in the compiled plan")
-    for key, (buf, _) in wanted.items():
-        model._exec.write(buf, arrays[key])
-    model._exec.finish()
-    model.step = step
-    return model
-
-
-def _parse(path):
+def parse(path):
     """Read and check a checkpoint: (graph, compile options, optimizer, step, dtype, expected
     arrays, arrays), all checked against the architecture before any device work."""
-    from ..graph import from_dict
-    from ..ops.optimizers import from_config
     header, arrays = _read(path)
     try:
         graph = from_dict(header["graph"])

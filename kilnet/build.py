@@ -1,0 +1,141 @@
+"""Making a runnable Model: ``kn.compile`` (graph -> plan -> model, on the chosen device) and
+``kn.load`` (checkpoint -> the same model, trained as far as it was). The compiler's passes
+(compiler/) produce the plan; this module adds the device choice, the data-parallel agreement
+and the Model around it."""
+import dataclasses
+import numbers
+
+from .checkpoint import parse
+from .compiler.lower import check_loss_spec, lower
+from .compiler.target import Target
+from .errors import CheckpointError, CompileError, GraphError, KilnetError
+from .graph import Graph
+from .model import Model
+from .ops.optimizers import Optimizer
+from .runtime import distributed
+from .runtime.device import select as select_device
+
+DTYPES = ("float32", "float64")
+
+
+def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=None, seed=0,
+            input_grads=False, debug_buffers=False, poison=False, check_finite=False, comm=None,
+            overlap=False):
+    """Compile ``graph`` for ``batch`` samples into a runnable model.
+
+    optimizer: kn.SGD / kn.Adam, or None for a plan without updates.
+    loss: {output: "mse" | "cross_entropy" | "huber"} (or one kind for every output); without it
+        the plan is inference-only and reuses dead activation memory.
+    input_grads: also compute gradients with respect to graph inputs (``model.gradients``).
+    debug_buffers: give every buffer its own allocation (for Oclgrind), and one optimizer launch
+        per parameter, with guard regions around every buffer that are checked after each
+        launch (``kn.MemoryCheckError`` names the kernel that wrote out of range);
+        poison: fill every buffer a step must rewrite with NaN first.
+    check_finite: run every call a launch at a time and raise ``kn.NonFiniteLoss`` at the first
+        node whose output (or gradient) holds a NaN or an infinity, before any update is applied.
+    comm: an mpi4py communicator (e.g. ``MPI.COMM_WORLD``) for data-parallel training: every rank
+        compiles the same graph with its own ``batch`` (per rank) and feeds its own shard;
+        ``train_step`` sums the gradients over the ranks (the optimizer takes their mean), and
+        parameters start from rank 0's. Every rank must make the same calls (they are collective).
+        The device is ``device`` if given, else ``KILNET_DEVICE``, else GPU (local rank mod GPUs).
+    overlap: with ``comm``, reduce the gradients in buckets (True: ~4 MiB, or the bucket size in
+        bytes) while backward still runs, instead of in one Allreduce after it.
+    """
+    if comm is None:
+        if overlap:
+            raise CompileError("overlap= needs comm= (a data-parallel model)")
+        return _compile(graph, batch, optimizer, loss, dtype, device, seed, input_grads,
+                        debug_buffers, poison, check_finite)
+    distributed.check_comm(comm)          # before any collective or device work
+    if not (isinstance(overlap, bool) or (isinstance(overlap, numbers.Integral) and overlap > 0)):
+        raise CompileError(f"overlap must be False, True or a bucket size in bytes > 0, got "
+                           f"{overlap!r}")
+    distributed.abort_on_uncaught_exception(comm)
+    local = distributed.local_rank(comm)
+    plan = dev = None
+    try:        # a rank that fails here must still meet the others in `agree`, or they would wait
+        dev = distributed.rank_device(local, device, select_device)
+        plan, dev = _plan(graph, batch, optimizer, loss, dtype, dev, input_grads, debug_buffers,
+                          check_finite, seed=seed, ranks=comm.Get_size())
+        mine = distributed.fingerprint(plan, overlap)
+    except KilnetError as e:
+        mine = e
+    distributed.agree(comm, mine)
+    return Model(plan, device=dev, seed=seed, poison=poison, comm=comm, overlap=overlap)
+
+
+def _compile(graph, batch, optimizer, loss, dtype, device, seed, input_grads, debug_buffers,
+             poison, check_finite):
+    plan, dev = _plan(graph, batch, optimizer, loss, dtype, device, input_grads, debug_buffers,
+                      check_finite, seed=seed)
+    return Model(plan, device=dev, seed=seed, poison=poison)
+
+
+def _plan(graph, batch, optimizer, loss, dtype, device, input_grads, debug_buffers, check_finite,
+          seed=0, ranks=1):
+    """Check the arguments, choose the device, lower: (plan, device)."""
+    if not isinstance(graph, Graph):
+        raise GraphError(f"compile: expected a kn.Graph, got {type(graph).__name__}")
+    if not graph.outputs:
+        raise GraphError(f"graph {graph.name!r} has no outputs; mark one with g.output(name, value)")
+    if not isinstance(batch, numbers.Integral) or isinstance(batch, bool) or batch < 1:
+        raise CompileError(f"batch must be an int >= 1, got {batch!r}")
+    batch = int(batch)
+    if dtype not in DTYPES:
+        raise CompileError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if optimizer is not None and not isinstance(optimizer, Optimizer):
+        raise CompileError(f"optimizer must be an instance such as kn.SGD(lr, momentum) or "
+                           f"kn.Adam(lr), got {optimizer!r}")
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
+        raise CompileError(f"seed must be an int >= 0, got {seed!r}")
+    seed = int(seed)
+    loss = check_loss_spec(graph, loss)
+    if optimizer is not None and not loss:
+        raise CompileError("an optimizer needs a loss: pass loss={output: kind}")
+    dev = select_device(device)
+    plan = lower(graph, batch, dtype, loss, optimizer, bool(input_grads), bool(debug_buffers),
+                 Target.of(dev), ranks=ranks)
+    return dataclasses.replace(plan, check_finite=bool(check_finite)), dev
+
+
+def load(path, device=None, batch=None, comm=None, overlap=False):
+    """Rebuild and compile the saved model (optionally for another batch), with its parameters,
+    state, optimizer moments and step count, so training continues exactly where it stopped.
+
+    ``comm``: load it as a data-parallel model (every rank calls ``load``; ``batch`` is then per
+    rank). A checkpoint saved by N ranks holds the per-rank batch; to continue the same training
+    in one process, pass ``batch=N * B`` (``header["ranks"]`` says N)."""
+    if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
+        raise CompileError(f"load: batch must be None or an int >= 1, got {batch!r}")
+    if comm is not None:
+        distributed.check_comm(comm)
+        error = None
+        try:        # a rank that cannot read the file must not leave the others waiting
+            parsed = parse(path)
+        except KilnetError as e:
+            error = e
+        distributed.agree_ok(comm, error)
+        graph, c, optimizer, step, dtype, wanted, arrays = parsed
+    else:
+        if not hasattr(device, "int_ptr"):     # a bad device choice is not the file's fault
+            device = select_device(device)
+        graph, c, optimizer, step, dtype, wanted, arrays = parse(path)
+    try:
+        model = compile(graph, batch=c["batch"] if batch is None else batch, optimizer=optimizer,
+                        loss=c["loss"] or None, dtype=dtype, device=device, seed=c["seed"],
+                        input_grads=c.get("input_grads", False),
+                        **({} if comm is None else {"comm": comm, "overlap": overlap}))
+    except KilnetError as e:
+        raise CheckpointError(f"{path}: the saved architecture does not compile: {e}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: checkpoint header is malformed ({type(e).__name__}: {e})") from None
+    for key, (buf, size) in wanted.items():
+        b = model.plan.buffers.get(buf)
+        if b is None or b.size != size:     # the plan and the ops disagree: a kilnet bug
+            raise CheckpointError(f"{path}: internal: array {key!r} has no buffer of size {size} "
+                                  f"in the compiled plan")
+    for key, (buf, _) in wanted.items():
+        model._exec.write(buf, arrays[key])
+    model._exec.finish()
+    model.step = step
+    return model
