@@ -4,16 +4,16 @@ import time
 
 import numpy as np
 
-from . import checkpoint, export as bundle
+from . import checkpoint, diagnose, export as bundle
 from .compiler import names
 from .errors import CompileError, FeedError, GraphError, KilnetError, NonFiniteLoss
+from .feeds import as_array, check_feeds, check_targets
 from .inspect import summary as summary_of
 from .ops import get_op
 from .runtime import distributed
 from .runtime.executor import Executor
 
 
-INPUT_ROLES = ("input", "target", "activation", "param", "state")   # what first_non_finite reports
 
 
 class Model:
@@ -200,57 +200,14 @@ class Model:
             if not np.isfinite(arr).all():
                 return dict(node=name, op=None, launch=None, kernel=None, size=int(arr.size),
                             non_finite=int(arr.size - np.isfinite(arr).sum()), inputs={},
-                            params=self._non_finite_params())
+                            params=diagnose.non_finite_params(self.plan, self._exec.read))
         found = []
         with self._exec.lock:
             self._upload(arrays, tarrays)
-            self._launch(self.steps["evaluate"], after=self._watch(self.steps["evaluate"],
-                                                                   found.append))
+            seq = self.steps["evaluate"]
+            self._launch(seq, after=diagnose.watch(self.plan, self.graph, seq, self._exec.read,
+                                                   found.append))
         return found[0] if found else None
-
-    def _non_finite_params(self):
-        return [n for n, b in self.plan.params.items() if not np.isfinite(self._exec.read(b)).all()]
-
-    def _watch(self, seq, report):
-        """An ``after`` for Executor.run over ``seq``: once a node's launches (its forward ones,
-        or its backward ones) have run, reads what they computed — the node's output, any loss
-        and, from the loss on, gradients — and calls ``report`` with a first_non_finite dict
-        for the first non-finite one, once. Updates are not checked: they run after it all."""
-        def group(launch):
-            return launch.node, launch.phase == "backward"
-        last = {group(launch): launch.name for launch in seq}
-        ops = {node.name: node.op for node in self.graph.nodes}
-        touched, done = {}, []
-
-        def ranges(a):
-            finite = a[np.isfinite(a)]
-            return dict(min=float(finite.min()) if finite.size else math.nan,
-                        max=float(finite.max()) if finite.size else math.nan,
-                        non_finite=int(a.size - finite.size))
-
-        def check(launch):
-            if done or launch.phase in ("update_state", "optimizer"):
-                return
-            bufs = touched.setdefault(group(launch), {})
-            bufs.update(dict.fromkeys(launch.buffers.values()))
-            if last[group(launch)] != launch.name:
-                return
-            role = {b: self.plan.buffers[b].role for b in bufs}
-            outs = [b for b in bufs if b == launch.node or role[b] == "loss" or
-                    (launch.phase in ("loss", "backward") and role[b] in ("grad", "act_grad"))]
-            for out in outs:
-                a = self._exec.read(out)
-                if not np.isfinite(a).all():
-                    done.append(out)
-                    report(dict(
-                        node=launch.node, op=ops.get(launch.node, launch.phase),
-                        launch=launch.name, kernel=launch.kernel, size=int(a.size),
-                        non_finite=int(a.size - np.isfinite(a).sum()),
-                        params=self._non_finite_params(),
-                        inputs={b: ranges(self._exec.read(b)) for b in bufs
-                                if b not in outs and role[b] in INPUT_ROLES}))
-                    return
-        return check
 
     def _run(self, seq):
         """Run ``seq``; with check_finite a launch at a time, raising NonFiniteLoss at the first
@@ -263,7 +220,7 @@ class Model:
             raise NonFiniteLoss(f"check_finite: model {self.graph.name!r}: "
                                 + NonFiniteLoss.describe(report),
                                 report=report)
-        self._launch(seq, after=self._watch(seq, stop))
+        self._launch(seq, after=diagnose.watch(self.plan, self.graph, seq, self._exec.read, stop))
 
     def _launch(self, seq, after=None):
         """Enqueue ``seq``; a data-parallel plan stops at its host steps to run them."""
@@ -363,56 +320,11 @@ class Model:
         for name, arr in (targets or {}).items():
             self._exec.write(self.plan.targets[name], arr)
 
-    def _array(self, what, value, shape, partial):
-        try:
-            arr = np.asarray(value)
-        except Exception as e:  # ragged lists and the like
-            raise FeedError(f"{what}: cannot be read as an array ({e})") from None
-        if arr.dtype.kind not in "biuf" or not np.can_cast(arr.dtype, self._exec.np_dtype, "same_kind"):
-            raise FeedError(f"{what}: dtype {arr.dtype} cannot be cast safely to {self.dtype}")
-        n = arr.shape[0] if arr.ndim else 0
-        ok = arr.ndim == len(shape) + 1 and tuple(arr.shape[1:]) == tuple(shape) and (
-            1 <= n <= self.batch if partial else n == self.batch)
-        if not ok:
-            want = f"(n, {', '.join(map(str, shape))}) with 1 <= n <= {self.batch}" if partial else \
-                str((self.batch,) + tuple(shape))
-            raise FeedError(f"{what}: got shape {arr.shape}, needs {want}")
-        if n < self.batch:
-            arr = np.concatenate([arr, np.zeros((self.batch - n,) + tuple(shape), arr.dtype)])
-        return n, arr.astype(self._exec.np_dtype, copy=False)
-
     def _feeds(self, feeds, partial=False):
-        if not isinstance(feeds, dict):
-            raise FeedError(f"feeds must be a dict {{input name: array}}, got {type(feeds).__name__}")
-        names = self.graph.inputs
-        for k in feeds:
-            if k not in names:
-                raise FeedError(f"feed {k!r} is not an input of graph {self.graph.name!r}; inputs: "
-                                f"{sorted(names)}")
-        arrays, counts = {}, set()
-        for name, node in names.items():
-            if name not in feeds:
-                raise FeedError(f"input {name!r} is missing from the feeds (shape {node.shape})")
-            n, arrays[name] = self._array(f"input {name!r}", feeds[name], node.shape, partial)
-            counts.add(n)
-        if len(counts) > 1:
-            raise FeedError(f"feeds disagree on the number of samples: {sorted(counts)}")
-        return counts.pop(), arrays
+        return check_feeds(self.graph, feeds, self.batch, self._exec.np_dtype, partial)
 
     def _targets(self, targets):
-        if not isinstance(targets, dict):
-            raise FeedError(f"targets must be a dict {{output name: array}}, got {type(targets).__name__}")
-        for k in targets:
-            if k not in self.plan.targets:
-                raise FeedError(f"target {k!r} is not a loss output; loss outputs: "
-                                f"{sorted(self.plan.targets)}")
-        out = {}
-        for name in self.plan.targets:
-            if name not in targets:
-                raise FeedError(f"target for output {name!r} is missing")
-            _, out[name] = self._array(f"target {name!r}", targets[name],
-                                       self.graph.outputs[name].shape, False)
-        return out
+        return check_targets(self.graph, self.plan.targets, targets, self.batch, self._exec.np_dtype)
 
 
 class Gradients(dict):
@@ -449,13 +361,7 @@ class Params:
     def _validated(self, name, value):
         """``value`` as an array of the model's dtype, or a FeedError naming the parameter."""
         b = self._check(name)
-        try:
-            arr = np.asarray(value)
-        except Exception as e:  # ragged lists and the like
-            raise FeedError(f"parameter {name!r}: cannot be read as an array ({e})") from None
-        if arr.dtype.kind not in "biuf" or not np.can_cast(arr.dtype, self._m._exec.np_dtype, "same_kind"):
-            raise FeedError(f"parameter {name!r}: dtype {arr.dtype} cannot be cast safely to "
-                            f"{self._m.dtype}")
+        arr = as_array(f"parameter {name!r}", value, self._m._exec.np_dtype)
         if arr.shape != tuple(b.shape):
             raise FeedError(f"parameter {name!r}: got shape {arr.shape}, needs {tuple(b.shape)}")
         return arr.astype(self._m._exec.np_dtype)
