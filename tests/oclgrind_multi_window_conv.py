@@ -3,15 +3,16 @@ odd sizes, in both kernel forms: every launch of training, gradients and inferen
 buffer in its own allocation (a write past a buffer's end is an invalid access) and poisoned
 with NaN first (a missed write shows up as a non-finite result).
 """
-import importlib
+import json
+import os
 import sys
+import tempfile
 
 import numpy as np
 
 import kilnet as kn
 from kernel_check import exercise, main
 
-mwc = importlib.import_module("kilnet.ops.multi_window_conv")   # the module, not the function
 
 # (windows, filters, step, steps T, variables V, batch, activation, row slices forced or None)
 CASES = [
@@ -26,9 +27,12 @@ CASES = [
 
 def run(case):
     windows, F, step, T, V, B, act, slices = case
-    real = mwc._slices
-    if slices:
-        mwc._slices = lambda *a: slices
+    real = os.environ.get("KILNET_SCHEDULES")
+    if slices:      # forced through the schedule table (compiler/schedule.py)
+        table = os.path.join(tempfile.mkdtemp(), "schedules.json")
+        with open(table, "w") as f:
+            json.dump({"slices": {"split": slices}}, f)
+        os.environ["KILNET_SCHEDULES"] = table
     try:
         g = kn.Graph("oclgrind_mwc")
         x = g.input("x", (V, T))
@@ -46,7 +50,10 @@ def run(case):
             assert any(k.name.endswith("backward_params_reduce") for k in m.kernels)
         exercise(kn.compile(g, batch=B, debug_buffers=True, poison=True), feeds, count=mine)
     finally:
-        mwc._slices = real
+        if real is None:
+            os.environ.pop("KILNET_SCHEDULES", None)
+        else:
+            os.environ["KILNET_SCHEDULES"] = real
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """multi_window_conv: forward against a numpy reference written from DESIGN.md, gradients against
 finite differences in float64, both kernel forms (KILNET_TARGET=cpu|gpu), the split reduction of
 the parameter gradients, bad arguments, a checkpoint round trip and a short training run."""
-import importlib
+import json
 
 import numpy as np
 import pytest
@@ -11,7 +11,6 @@ import reference as ref
 from reference import multi_window_conv as reference
 from test_gradients import check_gradients
 
-mwc = importlib.import_module("kilnet.ops.multi_window_conv")   # the module, not the function
 
 FORMS = ("cpu", "gpu")
 
@@ -159,10 +158,13 @@ def test_first_layer_skips_the_input_gradient(monkeypatch, form):
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("slices", [2, 5])
-def test_split_parameter_gradients(monkeypatch, form, slices):
-    """Rows split into slices whose partial sums a second launch adds: the same gradients."""
+def test_split_parameter_gradients(monkeypatch, tmp_path, form, slices):
+    """Rows split into slices whose partial sums a second launch adds: the same gradients. The
+    split is forced through the schedule table (compiler/schedule.py)."""
     monkeypatch.setenv("KILNET_TARGET", form)
-    monkeypatch.setattr(mwc, "_slices", lambda *a: slices)
+    table = tmp_path / "schedules.json"
+    table.write_text(json.dumps({"mw.backward_params": {"split": slices}}))
+    monkeypatch.setenv("KILNET_SCHEDULES", str(table))
     windows = [2, 9, 4]
     g = kn.Graph("grad")
     g.output("y", kn.multi_window_conv(g.input("x", (2, 11)), windows, 4, step=2,

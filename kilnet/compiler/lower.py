@@ -22,14 +22,19 @@ from .target import GPU
 class Context:
     """What an op's lowering sees: names of the buffers it may use."""
 
-    def __init__(self, lowering, node, training):
-        self._l, self.node, self.training = lowering, node, training
+    def __init__(self, lowering, node, training, suffix=""):
+        self._l, self.node, self.training, self._suffix = lowering, node, training, suffix
         self.batch, self.dtype, self.target = lowering.batch, lowering.dtype, lowering.target
         self.ranks = lowering.ranks          # data-parallel ranks (batch is per rank)
         self._dx, self._acc = {}, {}
 
     def x(self, i):
         return self._l.value_buffer(self.node.inputs[i])
+
+    def schedule(self, step, kind="map", **shape):
+        """The target's schedule (compiler/schedule.py) of this node's launch ``step``."""
+        return self.target.schedule(kind, f"{self.node.name}.{step}{self._suffix}", self.dtype,
+                                    **shape)
 
     @property
     def y(self):
@@ -174,7 +179,7 @@ class Lowering:
             self.emit(node.name, "forward" if training else "infer",
                       op.forward(node, Context(self, node, training)))
             if training and op.mode_dependent:
-                self.emit(node.name, "infer", op.forward(node, Context(self, node, False)),
+                self.emit(node.name, "infer", op.forward(node, Context(self, node, False, "_infer")),
                           suffix="_infer")
         for name, node in self.graph.outputs.items():
             self.value_buffer(node)
@@ -246,6 +251,9 @@ class Lowering:
         # Across ranks the gradients arrive summed: the optimizer scales them by scal[3] = 1/ranks.
         scaled = self.ranks > 1
 
+        def sched(name):
+            return self.target.schedule("vector_map", name, self.dtype)
+
         def bufs(param):
             moments = {f"m{i}": names.moment(param, i) for i in range(1, opt.moments + 1)}
             return {"param": param, "grad": names.grad(param), **moments, "scal": names.SCALARS}
@@ -254,13 +262,13 @@ class Lowering:
             # Each buffer is its own allocation here, so each parameter gets its own launch.
             for full in self.params:
                 self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, bufs(full),
-                                                         self.target.kind, self.dtype, scaled)])
+                                                         sched(f"{full}.update"), scaled)])
         else:
             # One launch spans the whole arena: the first parameter sits at offset 0 in each of
             # the param, grad and moment arenas, and the padding between parameters stays zero.
             first = next(iter(self.params))
             self.emit("optimizer", "optimizer", [opt.kernel(self.arenas["param"], bufs(first),
-                                                            self.target.kind, self.dtype, scaled)])
+                                                            sched("optimizer.update"), scaled)])
 
     def liveness(self):
         """(first, last) forward step of each activation buffer, for inference-plan reuse."""

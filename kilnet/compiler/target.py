@@ -1,9 +1,10 @@
 """What the compiler needs to know of the device it specialises for (no OpenCL objects)."""
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ..errors import CompileError
 from ..runtime.device import implementation
+from . import schedule as sched
 
 # The kernel form per implementation; other devices take theirs from their type. Measured with
 # benchmarks/kernel_forms.py (median time of the cpu form / the gpu form, alternating calls, on a
@@ -23,20 +24,29 @@ class Target:
     local_mem: int = 32768     # bytes
     name: str = ""
     implementation: str = ""   # intel, pocl, nvidia, ... (runtime.device.implementation)
+    # {launch name or kernel family: Schedule}: overrides laid over the policy (compiler/schedule.py)
+    schedules: dict = field(default=None, hash=False, repr=False)
+
+    def schedule(self, kind, name, dtype="float", **shape):
+        """The schedule of launch ``name`` of family ``kind``: the one policy's, overridden by this
+        target's table (compiler/schedule.py)."""
+        return sched.choose(self, kind, name, dtype, **shape)
 
     @classmethod
     def of(cls, device):
         """The device's target: the form FORMS gives its implementation, else the one its type
         suggests. KILNET_TARGET=cpu|gpu forces a form (to test both on one device, e.g. under
-        Oclgrind)."""
+        Oclgrind). Its schedule overrides come from the table ``schedule.table_path`` names."""
         import pyopencl as cl
         impl = implementation(device)
         kind = (os.environ.get("KILNET_TARGET") or FORMS.get(impl)
                 or ("cpu" if device.type & cl.device_type.CPU else "gpu"))
         if kind not in ("cpu", "gpu"):
             raise CompileError(f"KILNET_TARGET must be 'cpu' or 'gpu', got {kind!r}")
-        return cls(kind, device.max_work_group_size, device.max_compute_units, device.local_mem_size,
-                   device.name.strip(), impl)
+        target = cls(kind, device.max_work_group_size, device.max_compute_units,
+                     device.local_mem_size, device.name.strip(), impl)
+        path = sched.table_path(target)
+        return target if path is None else replace(target, schedules=sched.load_table(path))
 
 
 GPU = Target("gpu")

@@ -1,9 +1,8 @@
 """activation: y = act(x) elementwise, with act and act' printed from sympy."""
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import Op, kernel, register, round_up, vector_width
+from .base import Op, kernel, register
 
-LOCAL = 64
 
 
 def activation(x, kind, name=None):
@@ -16,10 +15,10 @@ def activation(x, kind, name=None):
 def elementwise(ctx, step, n, buffers, expr, **consts):
     """One kernel over n elements. On CPUs each work-item takes a vector of V elements (PoCL's
     scalar exp/log are several times slower than its vector ones); the ragged end is scalar."""
-    V = vector_width(ctx.target.kind, ctx.dtype)
-    items = -(-n // V)
-    consts = dict(N=n, V=V, expr=expr, vexpr=symbolic.vectorised(expr), **consts)
-    return kernel(step, "activation", consts, buffers, (round_up(items, LOCAL),), (LOCAL,))
+    s = ctx.schedule(step, vectors=True)
+    items = -(-n // s.vector)
+    consts = dict(N=n, V=s.vector, expr=expr, vexpr=symbolic.vectorised(expr), **consts)
+    return kernel(step, "activation", consts, buffers, *s.cover(items))
 
 
 def scale_by_derivative(ctx, kind, z, n):

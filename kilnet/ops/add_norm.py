@@ -5,9 +5,8 @@ in backward; here the sum is plain and the backward pass is the true derivative:
 dz = inv/D·(D·g − Σg − ẑ·Σ(g·ẑ)), and da = db = dz.
 """
 from ..graph import graph_of
-from .base import Op, kernel, need, register, round_up
+from .base import Op, kernel, need, register
 
-LOCAL = 64
 EPS = 1e-5
 
 
@@ -31,7 +30,7 @@ class AddNorm(Op):
         D = node.shape[-1]
         rows = ctx.batch * node.size // D
         return kernel(step, "add_norm", dict(mode=mode, D=D, R=rows, eps=repr(EPS), **extra), bufs,
-                      (round_up(rows, LOCAL),), (LOCAL,))
+                      *ctx.schedule(step).cover(rows))
 
     def forward(self, node, ctx):
         return [self._launch("forward", node, ctx, "forward",

@@ -57,10 +57,8 @@ import math
 
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import (Collective, GraphError, Op, Param, int_attr, kernel, need, register,
-                   round_up, vector_width)
+from .base import Collective, GraphError, Op, Param, int_attr, kernel, need, register
 
-LOCAL = 64
 
 
 def batchnorm(x, momentum=0.1, eps=1e-5, activation=None, streaming=None, sync=False, name=None):
@@ -118,14 +116,14 @@ class BatchNorm(Op):
         a = node.attrs
         act, dact = symbolic.forward_c(a["activation"]), symbolic.derivative_c(a["activation"])
         # CPUs: V features a work-item as one vector (PoCL ran the scalar form at ~0.3 GB/s).
-        V = vector_width(ctx.target.kind, ctx.dtype)
+        s = ctx.schedule(step, "vector_map")
+        V = s.vector
         consts = dict(F=node.size, B=ctx.batch, M=ctx.batch * self._ranks(node, ctx), V=V,
                       mode=mode, eps=repr(a["eps"]),
                       momentum=repr(a["momentum"]), act=act, dact=dact,
                       vact=symbolic.vectorised(act), vdact=symbolic.vectorised(dact), **extra)
         items = -(-node.size // V)
-        local = LOCAL if V == 1 else 16
-        return kernel(step, "batchnorm", consts, buffers, (round_up(items, local),), (local,))
+        return kernel(step, "batchnorm", consts, buffers, *s.cover(items))
 
     def _stats(self, node, ctx):
         return ctx.scratch("batch_stats", 2 * node.size)    # batch mean, biased variance
@@ -190,7 +188,7 @@ class BatchNorm(Op):
                       act=symbolic.forward_c(a["activation"]),
                       dact=symbolic.derivative_c(a["activation"]), **extra)
         return kernel(step, "batchnorm_streaming", consts, buffers,
-                      (round_up(node.size, LOCAL),), (LOCAL,))
+                      *ctx.schedule(step).cover(node.size))
 
     def _trace(self, node, ctx):
         """μ and σ² after each sample of the batch: [μ (batch, F), σ² (batch, F)]."""

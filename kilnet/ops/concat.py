@@ -1,8 +1,7 @@
 """concat: join values along the last axis; the leading axes must agree."""
 from ..graph import graph_of
-from .base import GraphError, Op, kernel, need, register, round_up
+from .base import GraphError, Op, kernel, need, register
 
-LOCAL = 64
 
 
 def concat(*xs, name=None):
@@ -36,7 +35,7 @@ class Concat(Op):
         n = rows * node.shape[-1]
         return [kernel("forward", "concat", dict(mode="forward", N=n, widths=widths,
                                                  total=node.shape[-1]),
-                       bufs, (round_up(n, LOCAL),), (LOCAL,))]
+                       bufs, *ctx.schedule("forward").cover(n))]
 
     def backward(self, node, ctx):
         widths = self._widths(node)
@@ -49,5 +48,6 @@ class Concat(Op):
             ks.append(kernel(f"backward_input.{i}", "concat",
                              dict(mode="backward", N=n, width=w, start=sum(widths[:i]),
                                   total=node.shape[-1], accumulate=ctx.acc(i)),
-                             {"dout": ctx.dy, "dinp": ctx.dx(i)}, (round_up(n, LOCAL),), (LOCAL,)))
+                             {"dout": ctx.dy, "dinp": ctx.dx(i)},
+                             *ctx.schedule(f"backward_input.{i}").cover(n)))
         return ks

@@ -1,39 +1,16 @@
 """Matrix products for the ops that are matrix products (dense, conv1d) and their gradients.
 
 The op states its product as index expressions; this module picks the kernel form for the target
-(local-memory tiles on GPUs, vector registers on CPUs), the tile shape and a k-split. Each
-function returns a list of kernels.
+(local-memory tiles on GPUs, vector registers on CPUs); the target's schedule gives the tile shape
+and the k-split (compiler/schedule.py). Each function returns a list of kernels.
 """
 import re
 
 from ..compiler import symbolic
-from .base import kernel, pow2_at_least, round_up, vector_width
+from ..compiler.schedule import TK
+from .base import kernel, round_up
 
-TK = 16
 GEMV_ROWS = 4              # up to this many rows, a GPU product along k is a reduction per column
-# CPU register blocks, chosen on PoCL (2-core EPYC) over W1 at batch 64 and W2 at batch 32
-# (benchmarks/vs_pytorch.py) among 4×2, 4×3, 2×4, 3×4, 4×4 and 4×1 … 8×1, 6×2:
-VEC_TILE_K = (4, 4)        # RM×RN vector accumulators in the k-vector form
-VEC_TILE_N = (6, 2)        # rows × vectors of columns per work-item in the n-vector form
-
-
-def tiles(M, N, compute_units=1):
-    """(TM, TN, RM, RN): a row per lane for tiny M; for large products the biggest register
-    block that still gives half the compute units a work-group (8×8 on 128×128 tiles, 8×4 on
-    128×64, 4×4 on 64×64; measured on an H200: a 4096³ product 19.5 → 26.8 TFLOP/s, and 128×64
-    beat 128×128 for dense 1000 at batch 1024, where 128×128 leaves half the units idle); 2×2 on
-    32×32 (or 16) otherwise."""
-    if M <= 8:     # 256 threads at most: NVIDIA allows no more for these kernels' registers
-        TM = pow2_at_least(M, 8)
-        return TM, min(64, 256 // TM), 1, 1
-    for TM, TN, RM, RN in ((128, 128, 8, 8), (128, 64, 8, 4)):
-        if M >= TM and N >= TN and 2 * -(-M // TM) * -(-N // TN) >= compute_units:
-            return TM, TN, RM, RN
-    if M >= 64 and N >= 64:
-        return 64, 64, 4, 4
-    TM = 32 if M >= 32 else 16
-    TN = 32 if N >= 32 else 16
-    return TM, TN, 2, 2
 
 
 def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast, batch=1,
@@ -52,18 +29,19 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     buffers = {"a": a, "w": w, "out": out}
     _epilogue(consts, buffers, accumulate, bias, act, z, dscale)
     if ctx.target.kind == "cpu":
-        return _vector_gemm(step, consts, buffers, batch, vector_width("cpu", ctx.dtype))
+        return _vector_gemm(ctx, step, consts, buffers, batch)
     if M <= GEMV_ROWS and a_kfast and not b_nfast and not a_pred and dscale is None:
-        L = min(128, pow2_at_least(K, 128))
-        return [kernel(step, "gemv", dict(consts, L=L), buffers, (N * L, 1, batch), (L, 1, 1))]
-    TM, TN, RM, RN = tiles(M, N, ctx.target.compute_units)
-    consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN, KC=K, split=False)
-    local = (TN // RN, TM // RM, 1)
-    groups = -(-M // TM) * -(-N // TN) * batch
+        s = ctx.schedule(step, "gemv", K=K)
+        return [kernel(step, "gemv", dict(consts, L=s.local[0]), buffers,
+                       (N * s.local[0], 1, batch), s.local)]
     # The slices' partial products are summed per output element by a column sum that then
     # applies the epilogue, so the output must be one contiguous M×N block (b is 0 at batch 1).
     contiguous = re.fullmatch(rf"(b\*\d+\+)?m\*{N}\+n", c_idx.replace(" ", ""))
-    split = _split(ctx, groups, K) if batch == 1 and contiguous else 1
+    s = ctx.schedule(step, "gemm", M=M, N=N, K=K, splittable=bool(batch == 1 and contiguous))
+    TM, TN, RM, RN = s.tiles
+    consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN, KC=K, split=False)
+    local = (TN // RN, TM // RM, 1)
+    split = s.split
     if split == 1:
         glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch)
         return [kernel(step, "gemm", consts, buffers, glob, local)]
@@ -103,12 +81,6 @@ def _macro_body(expr, params):
     return re.sub(r"\b([%s])\b" % params, r"(\1)", expr)
 
 
-def _split(ctx, groups, K):
-    """How many k-slices to cut so that the device has about two work-groups per compute unit."""
-    want = -(-2 * ctx.target.compute_units // groups)
-    return max(1, min(want, K // (8 * TK)))
-
-
 def linear(ctx, step, *, rows, n_in, n_out, x, weight, out, bias=None, act="none", z=None,
            accumulate=False):
     """out[r, o] (=|+=) act(bias[o] + Σ_i weight[o, i]·x[r, i]): torch.nn.Linear's layout over
@@ -136,23 +108,20 @@ def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight
     return ks
 
 
-def _vector_gemm(step, consts, buffers, batch, vec):
+def _vector_gemm(ctx, step, consts, buffers, batch):
     """CPU form: k-vectors when both operands run along k, else n-vectors of B."""
     M, N = consts["M"], consts["N"]
     kvec = consts["a_kfast"] and not consts["b_nfast"] and not consts["a_pred"]
+    assert kvec or consts["b_nfast"], "n-vector form needs B contiguous in n"
+    s = ctx.schedule(step, "gemm_vec", M=M, N=N, kvec=kvec)
+    (RM, RN), vec = s.block, s.vector
     if kvec:
-        RM, RN = VEC_TILE_K
-        if M < RM:                     # a row repeated past the edge is wasted work
-            RM, RN = M, RM * RN // M
         consts.update(form="kvec", V=vec, RM=RM, RN=RN)
     else:
-        assert consts["b_nfast"], "n-vector form needs B contiguous in n"
-        RM, NV = VEC_TILE_N
-        RM, NV = min(RM, M), min(NV, -(-N // vec))
-        consts.update(form="nvec", V=vec, RM=RM, NV=NV, RN=NV * vec)
+        consts.update(form="nvec", V=vec, RM=RM, NV=RN, RN=RN * vec)
     gx, gy = -(-N // consts["RN"]), -(-M // consts["RM"])
-    lx = min(16, pow2_at_least(gx, 16))
-    return [kernel(step, "gemm_vec", consts, buffers, (round_up(gx, lx), gy, batch), (lx, 1, 1))]
+    glob, local = s.cover(gx, gy, batch)
+    return [kernel(step, "gemm_vec", consts, buffers, glob, local)]
 
 
 def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, bias_period=None,
@@ -162,9 +131,9 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
 
     On a GPU, LY lanes of a work-group share each column's rows and meet in local memory; on a CPU
     one work-item walks a column (no barriers)."""
-    LY = 1 if ctx.target.kind == "cpu" else min(16, pow2_at_least(-(-rows // 8), 16))
-    LX = min(64 // LY, pow2_at_least(cols, 64 // LY))
+    s = ctx.schedule(step, "column_sum", rows=rows, cols=cols)
+    LX, LY = s.local
     consts = dict(R=rows, N=cols, LX=LX, LY=LY, NB=bias_period or cols)
     buffers = {"src": src, "out": out}
     _epilogue(consts, buffers, accumulate, bias, act, z, dscale)
-    return [kernel(step, "column_sum", consts, buffers, (round_up(cols, LX), LY), (LX, LY))]
+    return [kernel(step, "column_sum", consts, buffers, (round_up(cols, LX), LY), s.local)]

@@ -41,10 +41,9 @@ import math
 import numpy as np
 
 from ..graph import graph_of
-from .base import Op, Param, int_attr, kernel, need, pow2_at_least, register, round_up
+from .base import Op, Param, int_attr, kernel, need, pow2_at_least, register
 from .gemm import gemm, linear, linear_backward
 
-LOCAL = 64
 STAGE_BYTES = 16384        # K and V of one head staged in local memory up to this size (GPUs)
 MAX_MASK_WORDS = 16384     # a user adjacency is a __constant bit mask: at most 64 KiB
 
@@ -147,8 +146,7 @@ class GraphAttention(Op):
         if consts["staged"]:
             L = consts["L"]
             return kernel(step, "graph_attention", consts, buffers, (B * H * L,), (L,))
-        return kernel(step, "graph_attention", consts, buffers, (round_up(B * H * U, LOCAL),),
-                      (LOCAL,))
+        return kernel(step, "graph_attention", consts, buffers, *ctx.schedule(step).cover(B * H * U))
 
     def _buffers(self, node, ctx):
         B, U, W, H, DK, HD = self._dims(node, ctx)

@@ -13,10 +13,9 @@ derivatives of the gate product (no clamping of gradients or weights).
 """
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import Op, Param, int_attr, kernel, need, register, round_up
+from .base import Op, Param, int_attr, kernel, need, register
 from .gemm import linear, linear_backward
 
-LOCAL = 64
 
 
 def graph_conv(x, width, name=None):
@@ -55,7 +54,7 @@ class GraphConv(Op):
         ks.append(kernel("forward", "graph_conv",
                          dict(mode="forward", N=R * F, act=symbolic.forward_c("leaky_relu")),
                          {"zf": z["filter"], "zs": z["state"], "out": ctx.y},
-                         (round_up(R * F, LOCAL),), (LOCAL,)))
+                         *ctx.schedule("forward").cover(R * F)))
         return ks
 
     def backward(self, node, ctx):
@@ -66,7 +65,7 @@ class GraphConv(Op):
                      dict(mode="backward", N=R * F, act=symbolic.forward_c("leaky_relu"),
                           dact=symbolic.derivative_c("leaky_relu")),
                      {"zf": zf, "zs": zs, "dout": ctx.dy, "dzs": dzs},
-                     (round_up(R * F, LOCAL),), (LOCAL,))]
+                     *ctx.schedule("backward_gate").cover(R * F))]
         dz = {"filter": ctx.dy, "state": dzs}          # dy now holds dzf
         for i, b in enumerate(("filter", "state")):
             # dX (+)= dZ_b·W_b: the second branch adds to the first

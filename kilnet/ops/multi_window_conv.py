@@ -32,11 +32,9 @@ from ..compiler import symbolic
 from ..graph import graph_of
 from .activation import scale_by_derivative
 from .base import (GraphError, Op, Param, int_attr, keeps_preactivation, kernel, need,
-                   pow2_at_least, register, round_up, vector_width)
+                   pow2_at_least, register, vector_width)
 
-LOCAL = 64            # forward / input-gradient work-group size
 KT = 8                # taps per parameter-gradient unit (longer windows are cut into chunks)
-CPU_LANES = 16        # work-items per CPU work-group (forward, input gradient)
 CPU_CHUNK = 4         # positions (forward) or steps (input gradient) per CPU work-item
 
 
@@ -131,19 +129,19 @@ class MultiWindowConv(Op):
         if c["form"] == "gpu":
             n = c["P"] * c["F"]
             return [kernel("forward", "multi_window_conv", c, dict(bufs, **self._wbufs(node, ctx)),
-                           (round_up(n, LOCAL), c["R"]), (LOCAL, 1))]
+                           *ctx.schedule("forward", dims=2).cover(n, c["R"]))]
         pk = self._packed(node, ctx, c)
         ks = [kernel("forward_pack", "multi_window_conv", dict(c, mode="pack"),
                      dict(pk=pk, **self._wbufs(node, ctx)),
-                     (round_up(c["WT"] + c["O"], LOCAL),), (LOCAL,))]
-        return ks + [self._cpu_chunks("forward", c, dict(bufs, pk=pk), c["P"])]
+                     *ctx.schedule("forward_pack").cover(c["WT"] + c["O"]))]
+        return ks + [self._cpu_chunks(ctx, "forward", c, dict(bufs, pk=pk), c["P"])]
 
-    def _cpu_chunks(self, step, c, bufs, length):
+    def _cpu_chunks(self, ctx, step, c, bufs, length):
         """CPU form: a work-item per (chunk of PC positions or steps, row)."""
         c["NC"] = -(-length // CPU_CHUNK)
         c["PC"] = CPU_CHUNK
-        lx = min(CPU_LANES, pow2_at_least(c["NC"], CPU_LANES))
-        return kernel(step, "multi_window_conv", c, bufs, (round_up(c["NC"], lx), c["R"]), (lx, 1))
+        s = ctx.schedule(step, "chunks", chunks=c["NC"])
+        return kernel(step, "multi_window_conv", c, bufs, *s.cover(c["NC"], c["R"]))
 
     def backward(self, node, ctx):
         act = node.attrs["activation"]
@@ -155,9 +153,9 @@ class MultiWindowConv(Op):
             if c["form"] == "gpu":
                 ks.append(kernel("backward_input", "multi_window_conv", c,
                                  dict(bufs, **self._wbufs(node, ctx)),
-                                 (round_up(c["T"], LOCAL), c["R"]), (LOCAL, 1)))
+                                 *ctx.schedule("backward_input", dims=2).cover(c["T"], c["R"])))
             else:      # the packed weights of this step's forward
-                ks.append(self._cpu_chunks("backward_input", c,
+                ks.append(self._cpu_chunks(ctx, "backward_input", c,
                                            dict(bufs, pk=self._packed(node, ctx, c)), c["T"]))
         return ks + self._param_grads(node, ctx)
 
@@ -175,14 +173,16 @@ class MultiWindowConv(Op):
         target = ctx.target
         if target.kind == "cpu":
             FB = F // c["V"]
-            slices = _slices(target, FB * len(units), J, 256)
+            slices = ctx.schedule("backward_params", "slices", groups=FB * len(units), rows=J,
+                                  min_rows=256).split
             glob, local, L = (FB, len(units)), (1, 1, 1), 1
         else:
             item = 8 if ctx.dtype == "double" else 4
             L = min(256, target.max_work_group, pow2_at_least(J, 256))
             while L > 1 and (KT + 1) * L * item > target.local_mem // 2:
                 L //= 2
-            slices = _slices(target, F * len(units), J, 4 * L)
+            slices = ctx.schedule("backward_params", "slices", groups=F * len(units), rows=J,
+                                  min_rows=4 * L).split
             glob, local = (L * F, len(units)), (L, 1, 1)
         JC = -(-J // slices)
         slices = -(-J // JC)                         # no empty slice
@@ -197,13 +197,7 @@ class MultiWindowConv(Op):
                      local)]
         rc = dict(c, mode="reduce_params", NS=slices)
         ks.append(kernel("backward_params_reduce", "multi_window_conv", rc,
-                         dict(partial=partial, **grads), (round_up(PN, LOCAL),), (LOCAL,)))
+                         dict(partial=partial, **grads),
+                         *ctx.schedule("backward_params_reduce").cover(PN)))
         return ks
-
-
-def _slices(target, groups, rows, min_rows):
-    """How many slices to cut the rows into so that the device has about two work-groups per
-    compute unit, keeping at least ``min_rows`` rows in each."""
-    want = -(-2 * target.compute_units // groups)
-    return max(1, min(want, rows // min_rows))
 

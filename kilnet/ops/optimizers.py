@@ -6,10 +6,7 @@ that the runtime writes before each step, so no kernel argument is re-bound."""
 import math
 
 from ..errors import GraphError
-from .base import kernel, round_up, vector_width
-
-LOCAL = 64
-CPU_LOCAL = 16             # work-items per group in the CPU form (measured best on PoCL)
+from .base import kernel
 
 
 def _number(owner, key, v, lo, hi, lo_open=False, hi_open=False):
@@ -32,16 +29,16 @@ class Optimizer:
         """The per-step values for update number ``step`` (1-based)."""
         raise NotImplementedError
 
-    def kernel(self, n, bufs, target_kind="gpu", dtype="float", scaled=False):
+    def kernel(self, n, bufs, schedule, scaled=False):
         """On CPUs each work-item updates V neighbouring elements as one vector (PoCL runs the
         scalar form 2.6x slower: 12.7 vs 4.8 ms for Adam over 3.1 M floats on 2 EPYC cores).
         ``scaled``: the gradient is multiplied by scal[3] first (data-parallel training folds
-        the mean over ranks, 1/ranks, in there rather than in a separate pass)."""
-        V = vector_width(target_kind, dtype)
-        local = CPU_LOCAL if V > 1 else LOCAL
+        the mean over ranks, 1/ranks, in there rather than in a separate pass). ``schedule``:
+        the target's "vector_map" schedule of the launch."""
+        V = schedule.vector
         consts = dict(kind=self.kind, N=n, V=V, scaled=scaled,
                       **{k: repr(v) for k, v in self.config().items()})
-        return kernel("update", "optimizer", consts, bufs, (round_up(-(-n // V), local),), (local,))
+        return kernel("update", "optimizer", consts, bufs, *schedule.cover(-(-n // V)))
 
     def __repr__(self):
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.config().items())})"

@@ -26,10 +26,9 @@ import math
 import numbers
 
 from ..graph import graph_of
-from .base import GraphError, Op, Param, int_attr, kernel, need, register, round_up
+from .base import GraphError, Op, Param, int_attr, kernel, need, register
 from .gemm import linear, linear_backward
 
-LOCAL = 64
 
 
 def time_encoding(x, times, periods, freqs, name=None):
@@ -84,7 +83,7 @@ class TimeEncoding(Op):
         (U, C), E, B = node.inputs[0].shape, self._E(node), ctx.batch
         n = B * U * E
         ks = [kernel("forward_features", "time_encoding", self._consts(node, "forward", N=n),
-                     {"times": ctx.x(1), "out": ctx.y}, (round_up(n, LOCAL),), (LOCAL,))]
+                     {"times": ctx.x(1), "out": ctx.y}, *ctx.schedule("forward_features").cover(n))]
         # out += b + W·x[u] for every (sample, unit) row: a product with M = B·U rows.
         ks += linear(ctx, "forward", rows=B * U, n_in=C, n_out=E, x=ctx.x(0),
                      weight=ctx.p("weight"), out=ctx.y, bias=ctx.p("bias"), accumulate=True)
@@ -98,7 +97,7 @@ class TimeEncoding(Op):
             ks.append(kernel("backward_times", "time_encoding",
                              self._consts(node, "backward_times", N=R, accumulate=ctx.acc(1)),
                              {"times": ctx.x(1), "dout": ctx.dy, "dtimes": ctx.dx(1)},
-                             (round_up(R, LOCAL),), (LOCAL,)))
+                             *ctx.schedule("backward_times").cover(R)))
         ks += linear_backward(ctx, rows=R, n_in=C, n_out=E, dz=ctx.dy, x=ctx.x(0),
                               weight=ctx.p("weight"), dweight=ctx.dp("weight"),
                               dbias=ctx.dp("bias"), dx=ctx.dx(0), accumulate=ctx.acc(0))

@@ -1,0 +1,238 @@
+"""Launch shapes: the ``Schedule`` of a launch, the one policy that chooses it, and the per-device
+override table that may replace parts of it.
+
+An op states what it launches (a kernel family and the sizes that matter) and asks its target for
+the schedule (``Target.schedule``); it never picks work sizes, tiles, vector widths or k-splits
+itself. The target looks the launch up in its override table, first by launch name
+(``dense_1.forward``) and then by family (``gemm``), and fills what the entry leaves out from the
+policy below. Overrides come from a JSON file: the one ``KILNET_SCHEDULES`` names, else
+``<cache dir>/schedules/<device key>.json`` when it exists (``device_key``)::
+
+    {"dense_1.forward": {"block": [2, 4], "local": [8, 1, 1]},
+     "column_sum": {"local": [32, 2]}}
+"""
+import json
+import os
+import re
+from dataclasses import dataclass, fields, replace
+
+from ..errors import CompileError
+from ..ops.base import pow2_at_least, vector_width
+
+LANES = 64            # work-items per group of a launch with one work-item per element or row
+CPU_VECTOR_LANES = 16  # ... when each work-item takes a vector in the CPU form (measured on PoCL)
+TK = 16               # k-depth of a GPU gemm tile (a template constant; the k-split counts in it)
+# CPU register blocks, chosen on PoCL (2-core EPYC) over W1 at batch 64 and W2 at batch 32
+# (benchmarks/vs_pytorch.py) among 4×2, 4×3, 2×4, 3×4, 4×4 and 4×1 … 8×1, 6×2:
+VEC_BLOCK_K = (4, 4)   # RM×RN vector accumulators in the k-vector form
+VEC_BLOCK_N = (6, 2)   # rows × vectors of columns per work-item in the n-vector form
+CPU_GEMM_LANES = 16    # work-items per group of the CPU gemm
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one launch is shaped. A field is None where the launch's family does not use it; in
+    an override, None means "the policy's choice"."""
+    local: tuple = None   # work-group size; the global size is the work rounded up to it
+    tiles: tuple = None   # (TM, TN, RM, RN): a GPU gemm group's output tile and a lane's block
+    block: tuple = None   # (RM, RN): a CPU gemm work-item's register block
+    vector: int = None    # elements per explicit vector (CPU forms; 1 on GPUs)
+    split: int = None     # k-slices (gemm) or row slices (reductions) summed by a second launch
+
+    def cover(self, *work):
+        """(global, local) for ``work`` items per dimension, each rounded up to the group."""
+        return tuple(-(-n // l) * l for n, l in zip(work, self.local)), self.local
+
+
+# What an override may set, per family (the rest is derived from these or fixed by the template).
+TUNABLE = {"map": ("local",), "vector_map": ("local",), "gemm": ("tiles", "split"),
+           "gemv": ("local",), "gemm_vec": ("block", "local"), "column_sum": ("local",),
+           "chunks": ("local",), "slices": ("split",)}
+
+
+def two_per_unit(target, groups, most):
+    """Slices to cut a launch of ``groups`` work-groups into so that the device has about two
+    work-groups per compute unit, at most ``most``."""
+    return max(1, min(-(-2 * target.compute_units // groups), most))
+
+
+def tiles(M, N, compute_units=1):
+    """(TM, TN, RM, RN): a row per lane for tiny M; for large products the biggest register
+    block that still gives half the compute units a work-group (8×8 on 128×128 tiles, 8×4 on
+    128×64, 4×4 on 64×64; measured on an H200: a 4096³ product 19.5 → 26.8 TFLOP/s, and 128×64
+    beat 128×128 for dense 1000 at batch 1024, where 128×128 leaves half the units idle); 2×2 on
+    32×32 (or 16) otherwise."""
+    if M <= 8:     # 256 threads at most: NVIDIA allows no more for these kernels' registers
+        TM = pow2_at_least(M, 8)
+        return TM, min(64, 256 // TM), 1, 1
+    for TM, TN, RM, RN in ((128, 128, 8, 8), (128, 64, 8, 4)):
+        if M >= TM and N >= TN and 2 * -(-M // TM) * -(-N // TN) >= compute_units:
+            return TM, TN, RM, RN
+    if M >= 64 and N >= 64:
+        return 64, 64, 4, 4
+    TM = 32 if M >= 32 else 16
+    TN = 32 if N >= 32 else 16
+    return TM, TN, 2, 2
+
+
+def policy(target, kind, dtype="float", **shape):
+    """The default schedule of a launch of family ``kind`` (see ``TUNABLE``) on ``target``."""
+    V = vector_width(target.kind, dtype)
+    if kind == "map":            # one work-item per element, row or vector; shape: dims, vectors
+        return Schedule(local=(LANES,) + (1,) * (shape.get("dims", 1) - 1),
+                        vector=V if shape.get("vectors") else None)
+    if kind == "vector_map":     # one work-item per vector of V elements
+        return Schedule(local=(CPU_VECTOR_LANES if V > 1 else LANES,), vector=V)
+    if kind == "gemm":           # shape: M, N, K, groups_of(tiles) -> groups, splittable
+        t = tiles(shape["M"], shape["N"], target.compute_units)
+        return Schedule(tiles=t, split=_gemm_split(target, shape, t))
+    if kind == "gemv":
+        L = min(128, pow2_at_least(shape["K"], 128))
+        return Schedule(local=(L, 1, 1))
+    if kind == "gemm_vec":       # shape: M, N, kvec
+        M, N = shape["M"], shape["N"]
+        if shape["kvec"]:
+            RM, RN = VEC_BLOCK_K
+            if M < RM:                     # a row repeated past the edge is wasted work
+                RM, RN = M, RM * RN // M
+        else:
+            RM, NV = VEC_BLOCK_N
+            RM, RN = min(RM, M), min(NV, -(-N // V))
+        return Schedule(block=(RM, RN), vector=V, local=_vec_local(shape, (RM, RN), V))
+    if kind == "column_sum":     # shape: rows, cols
+        LY = 1 if target.kind == "cpu" else min(16, pow2_at_least(-(-shape["rows"] // 8), 16))
+        return Schedule(local=(min(LANES // LY, pow2_at_least(shape["cols"], LANES // LY)), LY))
+    if kind == "chunks":         # CPU: a work-item per chunk of a row; shape: chunks
+        return Schedule(local=(min(16, pow2_at_least(shape["chunks"], 16)), 1))
+    if kind == "slices":         # rows of a reduction cut into slices; shape: groups, rows, min_rows
+        return Schedule(split=two_per_unit(target, shape["groups"],
+                                           shape["rows"] // shape["min_rows"]))
+    raise AssertionError(f"unknown schedule kind {kind!r}")
+
+
+def _vec_local(shape, block, V):
+    """CPU gemm: a group of up to 16 work-items along n (each RN columns, or RN vectors)."""
+    gx = -(-shape["N"] // (block[1] * (1 if shape["kvec"] else V)))
+    return (min(CPU_GEMM_LANES, pow2_at_least(gx, CPU_GEMM_LANES)), 1, 1)
+
+
+def _gemm_split(target, shape, t):
+    if not shape.get("splittable"):
+        return 1
+    TM, TN = t[:2]
+    groups = -(-shape["M"] // TM) * -(-shape["N"] // TN)
+    return two_per_unit(target, groups, shape["K"] // (8 * TK))
+
+
+def choose(target, kind, name, dtype="float", **shape):
+    """The launch's schedule: the policy's, with the override table's entry for ``name`` (or else
+    for ``kind``) laid over it; an entry that does not fit raises a CompileError naming both."""
+    s = base = policy(target, kind, dtype, **shape)
+    table = target.schedules or {}
+    over = table.get(name) or table.get(kind)
+    if over is None:
+        return s
+    key = name if name in table else kind
+    for f in fields(Schedule):
+        if getattr(over, f.name) is not None and f.name not in TUNABLE[kind]:
+            raise CompileError(f"schedule override {key!r} for launch {name!r}: field {f.name!r} "
+                               f"is not tunable for a {kind} launch (tunable: "
+                               f"{', '.join(TUNABLE[kind])})")
+    s = replace(s, **{f.name: getattr(over, f.name) for f in fields(Schedule)
+                      if getattr(over, f.name) is not None})
+    if kind == "gemm_vec" and over.local is None:
+        s = replace(s, local=_vec_local(shape, s.block, s.vector))
+    if kind == "gemm" and s.split > 1 and not shape.get("splittable"):
+        raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'split' needs "
+                           f"a product at batch 1 with one contiguous output")
+    _check(target, kind, name, key, s, dtype, len(base.local or ()))
+    return s
+
+
+def _check(target, kind, name, key, s, dtype, dims):
+    def bad(field, why):
+        raise CompileError(f"schedule override {key!r} for launch {name!r}: field {field!r} {why}")
+    if s.local is not None:
+        if len(s.local) != dims:
+            bad("local", f"needs {dims} sizes for a {kind} launch, got {list(s.local)}")
+        size = 1
+        for n in s.local:
+            size *= n
+        if size > target.max_work_group:
+            bad("local", f"asks for {size} work-items per group; the device allows "
+                         f"{target.max_work_group}")
+        if kind in ("gemv", "column_sum") and any(n & (n - 1) for n in s.local):
+            bad("local", f"must be powers of two (a tree reduction), got {list(s.local)}")
+    if kind == "gemm":
+        TM, TN, RM, RN = s.tiles
+        if TM % RM or TN % RN:
+            bad("tiles", f"(TM, TN, RM, RN) = {s.tiles}: RM must divide TM and RN divide TN")
+        if (TM // RM) * (TN // RN) > target.max_work_group:
+            bad("tiles", f"{s.tiles} needs {(TM // RM) * (TN // RN)} work-items per group; the "
+                         f"device allows {target.max_work_group}")
+        item = 8 if dtype == "double" else 4
+        if TK * (TM + TN + 2) * item > target.local_mem:
+            bad("tiles", f"{s.tiles} needs {TK * (TM + TN + 2) * item} bytes of local memory; "
+                         f"the device has {target.local_mem}")
+
+
+# -- the override table ------------------------------------------------------------------------
+def device_key(target):
+    """The file stem of a device's table: implementation and device name, e.g.
+    ``intel-amd-epyc-7b13``."""
+    name = re.sub(r"[^a-z0-9]+", "-", f"{target.implementation} {target.name}".lower()).strip("-")
+    return name or "unknown"
+
+
+def table_path(target, environ=os.environ):
+    """The override table that applies to ``target``: ``KILNET_SCHEDULES`` if set, else
+    ``<cache dir>/schedules/<device key>.json`` if that file exists, else None."""
+    path = environ.get("KILNET_SCHEDULES")
+    if path:
+        return path
+    from ..runtime.program import cache_dir
+    path = os.path.join(cache_dir(), "schedules", device_key(target) + ".json")
+    return path if os.path.exists(path) else None
+
+
+def load_table(path):
+    """{launch name or family: Schedule} from a JSON file, validated entry by entry."""
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CompileError(f"schedule table {path}: {e}") from None
+    return parse_table(raw, path)
+
+
+def parse_table(raw, source="schedule table"):
+    if not isinstance(raw, dict):
+        raise CompileError(f"{source}: must be an object of launch name -> schedule")
+    known = {f.name for f in fields(Schedule)}
+    table = {}
+    for key, entry in raw.items():
+        if not isinstance(entry, dict):
+            raise CompileError(f"{source}: entry {key!r} must be an object, got {entry!r}")
+        values = {}
+        for field, v in entry.items():
+            where = f"{source}: entry {key!r}, field {field!r}"
+            if field not in known:
+                raise CompileError(f"{where} is unknown (known: {', '.join(sorted(known))})")
+            if field in ("vector", "split"):
+                if not _positive(v):
+                    raise CompileError(f"{where} must be an int >= 1, got {v!r}")
+            else:
+                sizes = {"tiles": 4, "block": 2}.get(field)
+                ok = isinstance(v, list) and v and all(_positive(n) for n in v) \
+                    and (sizes is None or len(v) == sizes) and len(v) <= 3 + (field == "tiles")
+                if not ok:
+                    want = f"{sizes} ints >= 1" if sizes else "1 to 3 ints >= 1"
+                    raise CompileError(f"{where} must be a list of {want}, got {v!r}")
+                v = tuple(v)
+            values[field] = v
+        table[key] = Schedule(**values)
+    return table
+
+
+def _positive(v):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1

@@ -1,0 +1,112 @@
+"""Schedules (compiler/schedule.py): an override table changes launch shapes, not results, and a bad
+entry is refused, naming the launch and the field, before any kernel is built."""
+import json
+
+import numpy as np
+import pytest
+
+import kilnet as kn
+from kilnet.compiler import schedule
+from kilnet.compiler.target import Target
+
+
+def build():
+    g = kn.Graph("sched")
+    x = g.input("x", (9, 4))
+    h = kn.conv1d(x, 6, window=3, activation="tanh")
+    h = kn.activation(kn.dense(h, 37), "gelu")
+    g.output("y", kn.dense(h, 5))
+    return g
+
+
+def run(monkeypatch, tmp_path, kind, table, batch=1):
+    monkeypatch.setenv("KILNET_TARGET", kind)
+    if table is None:
+        monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
+    else:
+        path = tmp_path / f"{kind}-{len(json.dumps(table))}.json"
+        path.write_text(json.dumps(table))
+        monkeypatch.setenv("KILNET_SCHEDULES", str(path))
+    m = kn.compile(build(), batch=batch, loss="mse", dtype="float64", input_grads=True, seed=3)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 9, 4))
+    t = rng.standard_normal((batch, 5))
+    return m, m.forward({"x": x})["y"], m.gradients({"x": x}, {"y": t})
+
+
+def local(m, name):
+    return tuple(next(k for k in m.kernels if k.name == name).local_size)
+
+
+OVERRIDES = {
+    # CPU form: the vector gemm's register block and group, the elementwise groups
+    "cpu": ({"dense_1.forward": {"block": [2, 3], "local": [2, 1, 1]},
+             "dense_1.backward_weight": {"block": [3, 1]},
+             "map": {"local": [16]}},
+            {"dense_1.forward": (2, 1, 1), "activation_1.forward": (16,)}),
+    # GPU form (forced on the CPU device): tiles, a k-split and the column sums' groups
+    "gpu": ({"dense_2.backward_input": {"tiles": [16, 16, 2, 1]},
+             "dense_1.backward_weight": {"tiles": [32, 16, 4, 2], "split": 3},
+             "column_sum": {"local": [8, 4]}},
+            {"dense_2.backward_input": (16, 8, 1), "dense_1.backward_weight": (8, 8, 1),
+             "dense_1.backward_bias": (8, 4)}),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OVERRIDES))
+@pytest.mark.parametrize("batch", [1, 7])
+def test_override_changes_launches_not_results(monkeypatch, tmp_path, kind, batch):
+    table, want = OVERRIDES[kind]
+    m0, y0, g0 = run(monkeypatch, tmp_path, kind, None, batch)
+    m1, y1, g1 = run(monkeypatch, tmp_path, kind, table, batch)
+    for name, size in want.items():
+        if any(k.name == name for k in m1.kernels):
+            assert local(m1, name) == size
+            assert local(m0, name) != size
+    if kind == "gpu" and batch == 1:     # the k-split adds a column sum over the slices
+        assert any(k.name == "dense_1.backward_weight_reduce" for k in m1.kernels)
+    np.testing.assert_allclose(y1, y0, rtol=1e-12, atol=1e-12)
+    for key in g0:
+        np.testing.assert_allclose(g1[key], g0[key], rtol=1e-11, atol=1e-12)
+
+
+def test_no_table_keeps_the_policy(monkeypatch, tmp_path):
+    monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
+    t = Target("cpu", name="Some CPU", implementation="pocl")
+    assert schedule.table_path(t) is None
+    (tmp_path / "schedules").mkdir()
+    per_device = tmp_path / "schedules" / "pocl-some-cpu.json"
+    per_device.write_text("{}")
+    assert schedule.table_path(t) == str(per_device)
+
+
+@pytest.mark.parametrize("table, words", [
+    ({"dense_1.forward": {"tile": [1, 2]}}, ["'dense_1.forward'", "'tile'", "unknown"]),
+    ({"dense_1.forward": {"local": 4}}, ["'dense_1.forward'", "'local'", "list"]),
+    ({"dense_1.forward": {"split": 0}}, ["'dense_1.forward'", "'split'"]),
+    ({"dense_1.forward": []}, ["'dense_1.forward'", "object"]),
+    # fits the JSON but not the launch: checked as the plan is lowered, before any build
+    ({"dense_1.forward": {"split": 2}}, ["'dense_1.forward'", "'split'", "not tunable"]),
+    ({"dense_1.forward": {"local": [4, 1]}}, ["'dense_1.forward'", "'local'", "3 sizes"]),
+    ({"map": {"local": [100000]}}, ["'map'", "'local'", "allows"]),
+])
+def test_bad_entry_is_refused(monkeypatch, tmp_path, table, words):
+    with pytest.raises(kn.CompileError) as e:
+        run(monkeypatch, tmp_path, "cpu", table)
+    for w in words:
+        assert w in str(e.value)
+
+
+@pytest.mark.parametrize("table, words", [
+    ({"dense_1.backward_weight": {"tiles": [32, 16, 3, 2]}},
+     ["'dense_1.backward_weight'", "'tiles'", "divide"]),
+    ({"gemm": {"tiles": [512, 512, 1, 1]}}, ["'gemm'", "'tiles'", "work-items"]),
+    ({"column_sum": {"local": [8, 3]}}, ["'column_sum'", "'local'", "powers of two"]),
+    ({"conv1d_1.forward": {"split": 4}}, ["'conv1d_1.forward'", "'split'", "batch 1"]),
+])
+def test_bad_gpu_entry_is_refused(monkeypatch, tmp_path, table, words):
+    with pytest.raises(kn.CompileError) as e:
+        run(monkeypatch, tmp_path, "gpu", table, batch=7)
+    for w in words:
+        assert w in str(e.value)
