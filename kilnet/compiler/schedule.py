@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 from ..errors import CompileError
 from ..ops.base import pow2_at_least, vector_width
+from ..runtime.program import cache_dir
 
 LANES = 64            # work-items per group of a launch with one work-item per element or row
 CPU_VECTOR_LANES = 16  # ... when each work-item takes a vector in the CPU form (measured on PoCL)
@@ -190,7 +191,6 @@ def table_path(target, environ=os.environ):
     path = environ.get("KILNET_SCHEDULES")
     if path:
         return path
-    from ..runtime.program import cache_dir
     path = os.path.join(cache_dir(), "schedules", device_key(target) + ".json")
     return path if os.path.exists(path) else None
 
