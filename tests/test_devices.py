@@ -35,6 +35,12 @@ def ranked():
     return [pd[3] for pd in devmod.ranked(devmod._pairs())]
 
 
+def python(args, env):
+    """Run ``python ARGS`` from the repository root in ``env``."""
+    return subprocess.run([sys.executable] + args, capture_output=True, text=True, env=env,
+                          timeout=300, cwd=ROOT)
+
+
 def pretend(answers):
     """Set each device's probe answer (None: builds) without running a probe."""
     for d, error in answers.items():
@@ -47,8 +53,7 @@ def test_the_default_install_registers_intels_cpu_runtime_without_any_environmen
            if k not in ("OCL_ICD_VENDORS", "OPENCL_VENDOR_PATH", "LD_LIBRARY_PATH", "KILNET_DEVICE")}
     code = ("import kilnet as kn; print(sorted({d['implementation'] for d in kn.devices(check=True)"
             " if d['builds'] is None}))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=300, cwd=ROOT)
+    r = python(["-c", code], env)
     assert r.returncode == 0, r.stderr
     assert "'intel'" in r.stdout
 
@@ -60,8 +65,7 @@ def test_registration_keeps_the_vendors_the_user_named(tmp_path):
     env = dict(os.environ, OCL_ICD_VENDORS=str(vendors), KILNET_CACHE_DIR=str(tmp_path / "cache"))
     code = ("import os, kilnet as kn; d = os.environ['OCL_ICD_VENDORS']; print(sorted(os.listdir(d)));"
             "print([x['implementation'] for x in kn.devices()])")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=300, cwd=ROOT)
+    r = python(["-c", code], env)
     assert r.returncode == 0, r.stderr
     assert "['kilnet-intel-cpu.icd', 'other.icd']" in r.stdout
     assert "'intel'" in r.stdout            # a vendor whose library is missing hides nothing
@@ -189,16 +193,13 @@ def test_a_really_broken_pocl_is_skipped_and_refused_by_name(tmp_path):
             "m = kn.compile(g, batch=2, loss='mse', optimizer=kn.SGD(0.1))\n"
             "print(m.summary().splitlines()[0])\n"
             "print(m.train_step({'x': np.ones((2, 3))}, {'y': np.zeros((2, 2))}))\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=300, cwd=ROOT)
+    r = python(["-c", code], env)
     assert r.returncode == 0, r.stderr
     assert "(intel, cpu kernel form)" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "kilnet", "devices"], capture_output=True, text=True,
-                       env=env, timeout=300, cwd=ROOT)
+    r = python(["-m", "kilnet", "devices"], env)
     assert r.returncode == 0, r.stderr
     assert "(pocl) cannot build kernels: " in r.stdout and "INVALID_BUILD_OPTIONS" in r.stdout
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(env, KILNET_DEVICE="pocl"), timeout=300, cwd=ROOT)
+    r = python(["-c", code], dict(env, KILNET_DEVICE="pocl"))
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()
     assert any("CompileError: device pocl" in ln and "cannot build kernels" in ln and
