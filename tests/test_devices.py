@@ -205,3 +205,12 @@ def test_a_really_broken_pocl_is_skipped_and_refused_by_name(tmp_path):
     assert any("CompileError: device pocl" in ln and "cannot build kernels" in ln and
                "INVALID_BUILD_OPTIONS" in ln for ln in last)
     assert any("fix:" in ln and "intel-opencl-rt" in ln for ln in last)
+
+
+def test_a_probe_that_could_not_run_is_not_remembered(fresh, monkeypatch):
+    def cannot_start(*a, **k):
+        raise OSError("no such file")
+    monkeypatch.setattr(subprocess, "run", cannot_start)
+    error = devmod.probe(ranked()[0])
+    assert error.startswith(devmod.NOT_ANSWERED) and "no such file" in error
+    assert not (fresh / "probes.json").exists()          # the next process probes again

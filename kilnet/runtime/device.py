@@ -45,6 +45,8 @@ __kernel void probe(__global float *x, __local float *tmp) {
 }
 """
 
+NOT_ANSWERED = "the probe process failed to run"
+
 _contexts = {}
 _probes = {}
 _warned = set()
@@ -160,7 +162,7 @@ def _probe_in_child(pi, di, device):
         r = subprocess.run(cmd, input=PROBE_SOURCE, capture_output=True, text=True, timeout=300,
                            env=os.environ.copy())
     except (OSError, subprocess.SubprocessError) as e:
-        return f"the probe process failed to run ({e})"
+        return NOT_ANSWERED + f" ({e})"
     for line in reversed(r.stdout.splitlines()):
         if line.startswith("{"):
             try:
@@ -188,7 +190,8 @@ def probe(device, where=None):
     else:
         error = _probe_in_child(where[0], where[1], device)
     _probes[key] = error
-    _save_probe(key, {"error": error, "implementation": implementation(device)})
+    if not (error or "").startswith(NOT_ANSWERED):     # a probe that did not run may next time
+        _save_probe(key, {"error": error, "implementation": implementation(device)})
     return error
 
 
@@ -198,7 +201,8 @@ def _describe(device):
 
 def _refusal(device, error):
     return (f"device {_describe(device)} cannot build kernels: {error}\n  fix: "
-            f"{FIXES.get(implementation(device), DEFAULT_FIX)}")
+            f"{FIXES.get(implementation(device), DEFAULT_FIX)} (the answer is kept in "
+            f"{_probe_file()}: delete it to probe again)")
 
 
 def devices(check=False):
