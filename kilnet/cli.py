@@ -23,7 +23,7 @@ import kilnet as kn
 
 from . import export, mql5
 from .errors import KilnetError
-from .inspect import kernel_table, memory_table
+from .inspect import arg_list, kernel_table, memory_table
 from .model import Model
 from .runtime.device import devices, select
 
@@ -150,9 +150,7 @@ def cmd_inspect(args):
                              f"{', '.join(la.name for la in model.kernels)}")
         print(f"// {launch.name}: kernel {launch.kernel}, global {launch.global_size}, "
               f"local {launch.local_size}")
-        print("// args: " + ", ".join(
-            f"{a.slot}:{a.name}={a.buffer if a.name.endswith('_arena') else a.value}"
-            for a in launch.args))
+        print("// args: " + arg_list(launch))
         print(model.source(args.kernel))
     if args.memory:
         if args.kernel:

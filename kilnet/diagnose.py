@@ -24,24 +24,24 @@ def watch(plan, graph, seq, read, report):
     its backward ones) have run, reads what they computed — the node's output, any loss and, from
     the loss on, gradients — and calls ``report`` with a first-non-finite dict for the first
     non-finite one, once: node, op, launch, kernel, size and non_finite (of that output), inputs
-    ({buffer: {min, max, non_finite}} of the launch's other buffers) and params (the non-finite
-    parameters). Updates are not checked: they run after it all."""
+    ({buffer: {min, max, non_finite}} of the buffers the launches read) and params (the non-finite
+    parameters). What a node's launches write is checked, its output first; updates are not
+    checked: they run after it all."""
     def group(launch):
         return launch.node, launch.phase == "backward"
     last = {group(launch): launch.name for launch in seq}
     ops = {node.name: node.op for node in graph.nodes}
-    touched, done = {}, []
+    reads, writes, done = {}, {}, []
 
     def check(launch):
         if done or launch.phase in ("update_state", "optimizer"):
             return
-        bufs = touched.setdefault(group(launch), {})
-        bufs.update(dict.fromkeys(launch.buffers.values()))
-        if last[group(launch)] != launch.name:
+        key = group(launch)
+        reads.setdefault(key, {}).update(dict.fromkeys(launch.reads))
+        writes.setdefault(key, {}).update(dict.fromkeys(launch.writes))
+        if last[key] != launch.name:
             return
-        role = {b: plan.buffers[b].role for b in bufs}
-        outs = [b for b in bufs if b == launch.node or role[b] == "loss" or
-                (launch.phase in ("loss", "backward") and role[b] in ("grad", "act_grad"))]
+        outs = sorted(writes[key], key=lambda b: b != launch.node)
         for out in outs:
             a = read(out)
             if not np.isfinite(a).all():
@@ -51,7 +51,7 @@ def watch(plan, graph, seq, read, report):
                     launch=launch.name, kernel=launch.kernel, size=int(a.size),
                     non_finite=int(a.size - np.isfinite(a).sum()),
                     params=non_finite_params(plan, read),
-                    inputs={b: _ranges(read(b)) for b in bufs
-                            if b not in outs and role[b] in INPUT_ROLES}))
+                    inputs={b: _ranges(read(b)) for b in reads[key]
+                            if b not in outs and plan.buffers[b].role in INPUT_ROLES}))
                 return
     return check

@@ -183,7 +183,7 @@ def build(model, target=None, train=False):
     loss = [_region(plan, b) for b in plan.losses] if train else []
     scalars = _scalars(plan, model) if train else None
 
-    roles = {a.value for la in launches for a in la.args if a.name.endswith("_arena")}
+    roles = {a.value for la in launches for a in la.args if a.access}
     roles |= {r["arena"] for r in inputs + outputs + targets + loss}
     arenas = [role for role in plan.arenas if role in roles and plan.arenas[role]]
     stored = [r for r in arenas if r in STORED and (train or not r.startswith("moment"))]
@@ -203,9 +203,9 @@ def build(model, target=None, train=False):
     files["kernels.cl"] = text.encode()
 
     def arg(a):
-        if a.name.endswith("_arena"):
+        if a.access:
             return {"slot": a.slot, "name": a.name, "kind": "arena", "arena": a.value,
-                    "buffer": a.buffer}
+                    "buffer": a.buffer, "access": a.access}
         return {"slot": a.slot, "name": a.name, "kind": "scalar", "type": "uint",
                 "value": int(a.value), "buffer": a.buffer}
 

@@ -51,8 +51,7 @@ def kernel_table(model):
     lines = [out[0]]
     for launch, row in zip(model.kernels, out[1:]):
         lines.append(row)
-        lines.append("    args: " + ", ".join(
-            f"{a.slot}:{a.name}={a.buffer if a.name.endswith('_arena') else a.value}" for a in launch.args))
+        lines.append("    args: " + arg_list(launch))
     return "\n".join(lines)
 
 
@@ -67,3 +66,10 @@ def _size(shape):
     for d in shape:
         n *= d
     return n
+
+
+def arg_list(launch):
+    """``0:inp_arena=dense_1 (in), 1:inp_off=0, …``: each slot, the buffer a pointer points
+    into and how the kernel uses it, or an offset's value."""
+    return ", ".join(f"{a.slot}:{a.name}=" + (f"{a.buffer} ({a.access})" if a.access else
+                                             f"{a.value}") for a in launch.args)

@@ -194,8 +194,8 @@ def test_optimizer_hyperparameters(make, fragments):
 def test_opencl_build_failure_names_the_kernel_shows_the_log_and_the_line(monkeypatch):
     real = specialise.render
 
-    def broken(template, consts, names):
-        src = real(template, consts, names)
+    def broken(template, consts, names, access):
+        src = real(template, consts, names, access)
         if template == "activation":
             lines = src.splitlines()
             lines.insert(len(lines) // 2, "    int broken_here = ;")

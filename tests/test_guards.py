@@ -64,7 +64,7 @@ def scribble(model, buffer, first, count):
     k.set_arg(1, np.uint32(ex._offset(buffer)))
     k.set_arg(2, np.int32(first))
     launch = Launch("scribble.forward", "forward", "scribble", (count,), None,
-                    [Arg(0, "out_arena", buffer, "activation", "activation"),
+                    [Arg(0, "out_arena", buffer, "activation", "activation", "out"),
                      Arg(1, "out_off", buffer, "activation", 0)], node="scribble")
     ex.bound[launch.name] = (k, launch.global_size, launch.local_size)
     ex.run([launch])

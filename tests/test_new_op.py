@@ -13,7 +13,7 @@ from kilnet.compiler import symbolic
 from kilnet.graph import graph_of
 from kilnet.ops import Op, Param, register
 from kilnet.ops.activation import scale_by_derivative
-from kilnet.ops.base import kernel, keeps_preactivation, round_up
+from kilnet.ops.base import kernel, keeps_preactivation, out, round_up
 from test_gradients import check_gradients
 
 TEMPLATE = """\
@@ -69,9 +69,9 @@ class Scaled(Op):
 
     def forward(self, node, ctx):
         z = ctx.preactivation() if ctx.training else None
-        bufs = {"inp": ctx.x(0), "scale": ctx.p("scale"), "out": ctx.y}
+        bufs = {"inp": ctx.x(0), "scale": ctx.p("scale"), "out": out(ctx.y)}
         if z:
-            bufs["z"] = z
+            bufs["z"] = out(z)
         return [self._k("forward", ctx, ctx.batch * node.size, bufs, mode="forward",
                         store_z=z is not None, act=symbolic.forward_c(node.attrs["activation"]))]
 
@@ -79,10 +79,10 @@ class Scaled(Op):
         n = ctx.batch * node.size
         ks = scale_by_derivative(ctx, node.attrs["activation"], ctx.preactivation(), n)
         ks.append(self._k("backward_params", ctx, n, {"inp": ctx.x(0), "dout": ctx.dy,
-                                                       "dscale": ctx.dp("scale")}, mode="dscale"))
+                                                       "dscale": out(ctx.dp("scale"))}, mode="dscale"))
         if ctx.dx(0):
             ks.append(self._k("backward_input", ctx, n, {"scale": ctx.p("scale"), "dout": ctx.dy,
-                                                          "dinp": ctx.dx(0)},
+                                                          "dinp": out(ctx.dx(0), ctx.acc(0))},
                               mode="dinp", accumulate=ctx.acc(0)))
         return ks
 

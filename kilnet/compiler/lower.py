@@ -10,7 +10,7 @@ import threading
 
 from ..errors import CompileError, GraphError
 from ..ops import get_op
-from ..ops.base import Collective, op_kinds
+from ..ops.base import Collective, inout, op_kinds
 from ..ops.losses import ELEMENTWISE, check as check_loss, elementwise_loss, parts
 from . import memory, names
 from .fusion import fuse_activation_derivatives, grad_writers, root
@@ -44,9 +44,7 @@ class Context:
         return self._l.param_buffer(self.node, name)
 
     def dp(self, name):
-        g = names.grad(f"{self.node.name}.{name}")
-        self._l.grad_written.add(g)
-        return g
+        return names.grad(f"{self.node.name}.{name}")
 
     def s(self, name):
         return f"{self.node.name}.{name}"
@@ -98,7 +96,6 @@ class Lowering:
         self.buffers = {}
         self.launches = []
         self.spec = Specialiser(dtype)
-        self.grad_written = set()
         self.params, self.state = {}, {}
         self._node_params = {}
         self.targets, self.loss_parts, self.input_grad_buffers = {}, [], {}
@@ -158,12 +155,17 @@ class Lowering:
             while any(launch.name == name for launch in self.launches):
                 n += 1
                 name = f"{base}.{n}"
-            kname = self.spec.kernel_for(name, k.template, k.consts, k.names)
+            kname = self.spec.kernel_for(name, k.template, k.consts, k.names,
+                                         [u.access for u in k.args])
             args = []
-            for i, (pname, buf) in enumerate(zip(k.names, k.args)):
-                role = self.buffers[buf].role
-                args.append(Arg(2 * i, f"{pname}_arena", buf, role, role))
-                args.append(Arg(2 * i + 1, f"{pname}_off", buf, role, None))
+            for i, (pname, use) in enumerate(zip(k.names, k.args)):
+                b = self.buffers[use.buffer]
+                if use.extent is not None and use.extent > b.size:
+                    raise AssertionError(f"{name}: argument {pname} may touch {use.extent} "
+                                         f"elements of {b.name}, which has {b.size}")
+                extent = b.size if use.extent is None else use.extent
+                args.append(Arg(2 * i, f"{pname}_arena", b.name, b.role, b.role, use.access, extent))
+                args.append(Arg(2 * i + 1, f"{pname}_off", b.name, b.role, None))
             self.launches.append(Launch(name, phase, kname, k.global_size, k.local_size, args,
                                         node_name))
 
@@ -255,8 +257,9 @@ class Lowering:
             return self.target.schedule("vector_map", name, self.dtype)
 
         def bufs(param):
-            moments = {f"m{i}": names.moment(param, i) for i in range(1, opt.moments + 1)}
-            return {"param": param, "grad": names.grad(param), **moments, "scal": names.SCALARS}
+            moments = {f"m{i}": inout(names.moment(param, i)) for i in range(1, opt.moments + 1)}
+            return {"param": inout(param), "grad": names.grad(param), **moments,
+                    "scal": names.SCALARS}
 
         if self.debug_buffers:
             # Each buffer is its own allocation here, so each parameter gets its own launch.
@@ -288,6 +291,21 @@ class Lowering:
             if r in live:
                 live[r] = (live[r][0], end)
         return live
+
+
+def _written_first(launches):
+    """The buffers that each run of a plan's launches writes whole ("out") before anything reads
+    them: what they held before a step does not matter, so ``poison`` may fill them with NaN."""
+    first = {}
+    for seq in ([la for la in launches if la.phase == "infer"],
+                [la for la in launches if la.phase != "infer"]):
+        seen = set()
+        for launch in seq:
+            for a in launch.args:
+                if a.access and a.buffer not in seen:
+                    seen.add(a.buffer)
+                    first[a.buffer] = first.get(a.buffer, True) and a.access == "out"
+    return [name for name, ok in first.items() if ok]
 
 
 def _size(shape):
@@ -325,15 +343,13 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
         lo.arenas = memory.place(lo.buffers, live)
     for launch in lo.launches:
         for a in launch.args:
-            if a.name.endswith("_off"):
+            if not a.access:
                 a.value = lo.buffers[a.buffer].offset
     for role, size in lo.arenas.items():
         if size >= 2 ** 32:   # kernels take 32-bit offsets
             raise CompileError(f"graph {graph.name!r} at batch {batch}: the {role} arena needs "
                                f"{size} elements; at most 2^32 - 1 are addressable")
-    poison_roles = ("activation", "act_grad", "scratch", "loss")
-    poisonable = [b.name for b in lo.buffers.values()
-                  if b.role in poison_roles or (b.role == "grad" and b.name in lo.grad_written)]
+    poisonable = _written_first(lo.launches)
     return Plan(graph=graph, batch=batch, dtype=dtype, loss=dict(loss), optimizer=optimizer,
                 input_grads=input_grads, debug_buffers=debug_buffers,
                 buffers=lo.buffers, arenas=lo.arenas, sources=lo.spec.sources, launches=lo.launches,

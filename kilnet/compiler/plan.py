@@ -9,9 +9,12 @@ class Arg:
     buffer: str                 # plan buffer it points into (None for offsets)
     role: str
     value: object               # offset (elements) for offset slots, arena role for pointers
+    access: str = None          # pointers: "in" | "out" | "inout" (ops.base.Use)
+    extent: int = None          # pointers: elements from the buffer's start the kernel may touch
 
     def __repr__(self):
-        return f"{self.slot}:{self.name}={self.value}"
+        how = f"({self.access})" if self.access else ""
+        return f"{self.slot}:{self.name}={self.value}{how}"
 
 
 @dataclass
@@ -26,7 +29,17 @@ class Launch:
 
     @property
     def buffers(self):
-        return {a.name[:-len("_arena")]: a.buffer for a in self.args if a.name.endswith("_arena")}
+        return {a.name[:-len("_arena")]: a.buffer for a in self.args if a.access}
+
+    @property
+    def reads(self):
+        """Buffers whose contents before the launch it reads ("in" and "inout")."""
+        return [a.buffer for a in self.args if a.access in ("in", "inout")]
+
+    @property
+    def writes(self):
+        """Buffers the launch writes ("out" and "inout")."""
+        return [a.buffer for a in self.args if a.access in ("out", "inout")]
 
     def __repr__(self):
         return (f"Launch({self.name}, kernel={self.kernel}, global={self.global_size}, "

@@ -28,8 +28,19 @@ def header(dtype):
     return _env.get_template("common.cl.j2").module.header(dtype).strip() + "\n"
 
 
-def render(template, consts, names):
-    body = _env.get_template(f"{template}.cl.j2").render(kname=PLACEHOLDER, args=names, **consts)
+class KernelArg(str):
+    """A kernel argument as templates see it: its name (``{{ a }}``) and its ``access``, which
+    ``c.signature`` turns into ``const`` for one the kernel only reads."""
+
+    def __new__(cls, name, access):
+        arg = super().__new__(cls, name)
+        arg.access = access
+        return arg
+
+
+def render(template, consts, names, access):
+    args = [KernelArg(n, a) for n, a in zip(names, access)]
+    body = _env.get_template(f"{template}.cl.j2").render(kname=PLACEHOLDER, args=args, **consts)
     # Drop the blank lines that Jinja's control blocks leave behind.
     return "\n".join(line for line in body.splitlines() if line.strip()) + "\n"
 
@@ -42,8 +53,8 @@ class Specialiser:
         self.sources = {}          # kernel name -> full program source
         self._by_body = {}
 
-    def kernel_for(self, launch_name, template, consts, names):
-        body = render(template, consts, names)
+    def kernel_for(self, launch_name, template, consts, names, access):
+        body = render(template, consts, names, access)
         digest = hashlib.sha1(body.encode()).hexdigest()
         if digest not in self._by_body:
             kname = re.sub(r"\W", "_", launch_name)

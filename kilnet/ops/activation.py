@@ -1,7 +1,7 @@
 """activation: y = act(x) elementwise, with act and act' printed from sympy."""
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import Op, kernel, register
+from .base import Op, inout, kernel, out, register
 
 
 
@@ -27,7 +27,7 @@ def scale_by_derivative(ctx, kind, z, n):
     wrote dy already applied act' (Context.dy_prescaled)."""
     if kind == "none" or ctx.dy_prescaled:
         return []
-    return [elementwise(ctx, "backward_activation", n, {"inp": z, "dout": ctx.dy},
+    return [elementwise(ctx, "backward_activation", n, {"inp": z, "dout": inout(ctx.dy)},
                         symbolic.derivative_c(kind), mode="scale")]
 
 
@@ -41,13 +41,14 @@ class Activation(Op):
         return node.inputs[0].shape
 
     def forward(self, node, ctx):
-        return [elementwise(ctx, "forward", ctx.batch * node.size, {"inp": ctx.x(0), "out": ctx.y},
+        return [elementwise(ctx, "forward", ctx.batch * node.size, {"inp": ctx.x(0), "out": out(ctx.y)},
                             symbolic.forward_c(node.attrs["kind"]), mode="forward")]
 
     def backward(self, node, ctx):
         if not ctx.dx(0):
             return []
         return [elementwise(ctx, "backward_input", ctx.batch * node.size,
-                            {"inp": ctx.x(0), "dout": ctx.dy, "dinp": ctx.dx(0)},
+                            {"inp": ctx.x(0), "dout": ctx.dy,
+                             "dinp": out(ctx.dx(0), ctx.acc(0))},
                             symbolic.derivative_c(node.attrs["kind"]), mode="backward",
                             accumulate=ctx.acc(0))]

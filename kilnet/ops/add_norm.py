@@ -5,7 +5,7 @@ in backward; here the sum is plain and the backward pass is the true derivative:
 dz = inv/D·(D·g − Σg − ẑ·Σ(g·ẑ)), and da = db = dz.
 """
 from ..graph import graph_of
-from .base import Op, kernel, need, register
+from .base import Op, kernel, need, out, register
 
 EPS = 1e-5
 
@@ -34,7 +34,7 @@ class AddNorm(Op):
 
     def forward(self, node, ctx):
         return [self._launch("forward", node, ctx, "forward",
-                             {"in0": ctx.x(0), "in1": ctx.x(1), "out": ctx.y})]
+                             {"in0": ctx.x(0), "in1": ctx.x(1), "out": out(ctx.y)})]
 
     def backward(self, node, ctx):
         if not (ctx.dx(0) or ctx.dx(1)):
@@ -42,6 +42,6 @@ class AddNorm(Op):
         bufs = {"in0": ctx.x(0), "in1": ctx.x(1), "out": ctx.y, "dout": ctx.dy}
         for i in (0, 1):
             if ctx.dx(i):
-                bufs[f"din{i}"] = ctx.dx(i)
+                bufs[f"din{i}"] = out(ctx.dx(i), ctx.acc(i))
         return [self._launch("backward_input", node, ctx, "backward", bufs,
                              grads=[(i, ctx.acc(i)) for i in (0, 1) if ctx.dx(i)])]

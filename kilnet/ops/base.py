@@ -52,13 +52,37 @@ class Param:
         return np.zeros(self.shape, dtype)
 
 
+ACCESS = ("in", "out", "inout")
+
+
+@dataclass(frozen=True)
+class Use:
+    """How a kernel uses one buffer argument. ``access``: "in" (only read), "out" (every element
+    of the extent written, none read first: what it held before does not matter), "inout" (read,
+    then written: accumulation into a gradient, scaling in place). ``extent``: the elements from
+    the buffer's start that the kernel may touch (None: the whole buffer)."""
+    buffer: str
+    access: str = "in"
+    extent: int = None
+
+
+def out(buffer, accumulate=False, extent=None):
+    """A buffer the kernel writes: "out", or "inout" where it adds to what is there."""
+    return Use(buffer, "inout" if accumulate else "out", extent)
+
+
+def inout(buffer, extent=None):
+    """A buffer the kernel reads and then writes (in place)."""
+    return Use(buffer, "inout", extent)
+
+
 @dataclass
 class Kernel:
     """One launch as an op describes it; the compiler turns it into a bound `Launch`."""
     step: str                  # "forward", "backward_input", "backward_params", "update_state", …
     template: str              # templates/<template>.cl.j2
     consts: dict               # baked into the render
-    args: list                 # buffer names in the plan, in slot order; kernel sees them by `names`
+    args: list                 # `Use` of each buffer argument, in slot order
     names: list                # the kernel's own name for each argument
     global_size: tuple
     local_size: tuple = None
@@ -77,9 +101,16 @@ class Collective:
 
 
 def kernel(step, template, consts, buffers, global_size, local_size=None):
-    """Shorthand: ``buffers`` maps the kernel's argument names to plan buffer names."""
+    """Shorthand: ``buffers`` maps the kernel's argument names to what each is: a plan buffer
+    name (read only), or a `Use` from ``out``/``inout`` for one the kernel writes. The
+    template's ``c.signature(args)`` declares the read-only ones ``const``, so a kernel that
+    writes a buffer declared as read only does not build."""
     names = list(buffers)
-    return Kernel(step, template, consts, [buffers[n] for n in names], names,
+    uses = [b if isinstance(b, Use) else Use(b) for b in (buffers[n] for n in names)]
+    for n, u in zip(names, uses):
+        if not isinstance(u.buffer, str) or u.access not in ACCESS:
+            raise AssertionError(f"kernel {step} ({template}): argument {n} is {u!r}")
+    return Kernel(step, template, consts, uses, names,
                   tuple(global_size), tuple(local_size) if local_size else None)
 
 

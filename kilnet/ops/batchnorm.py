@@ -57,7 +57,7 @@ import math
 
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import Collective, GraphError, Op, Param, int_attr, kernel, need, register
+from .base import Collective, GraphError, Op, Param, inout, int_attr, kernel, need, out, register
 
 
 
@@ -136,18 +136,18 @@ class BatchNorm(Op):
     def forward(self, node, ctx):
         if node.attrs.get("streaming") is not None:
             return self._s_forward(node, ctx)
-        common = {"inp": ctx.x(0), "out": ctx.y, "gamma": ctx.p("gamma"), "beta": ctx.p("beta")}
+        common = {"inp": ctx.x(0), "out": out(ctx.y), "gamma": ctx.p("gamma"), "beta": ctx.p("beta")}
         if ctx.training:
             if self._ranks(node, ctx) > 1:
                 # This rank's statistics, combined over the ranks on the host, then normalise.
                 local = ctx.scratch("rank_stats", 2 * node.size)
                 stats = self._stats(node, ctx)
-                return [self._k("stats", node, ctx, "stats", {"inp": ctx.x(0), "stats": local}),
+                return [self._k("stats", node, ctx, "stats", {"inp": ctx.x(0), "stats": out(local)}),
                         Collective("sync_stats", "mean_var", local, stats),
                         self._k("forward", node, ctx, "normalize", dict(common, stats=stats))]
             need(ctx.batch > 1, node, "training needs batch > 1 to estimate a variance, got batch 1",
                  GraphError)
-            return [self._k("forward", node, ctx, "train", dict(common, stats=self._stats(node, ctx)))]
+            return [self._k("forward", node, ctx, "train", dict(common, stats=out(self._stats(node, ctx))))]
         return [self._k("forward", node, ctx, "infer",
                         dict(common, mean=ctx.s("running_mean"), var=ctx.s("running_var")))]
 
@@ -155,7 +155,8 @@ class BatchNorm(Op):
         if node.attrs.get("streaming") is not None:
             return self._s_backward(node, ctx)
         bufs = {"inp": ctx.x(0), "dout": ctx.dy, "gamma": ctx.p("gamma"), "beta": ctx.p("beta"),
-                "stats": self._stats(node, ctx), "dgamma": ctx.dp("gamma"), "dbeta": ctx.dp("beta")}
+                "stats": self._stats(node, ctx), "dgamma": out(ctx.dp("gamma")),
+                "dbeta": out(ctx.dp("beta"))}
         if self._ranks(node, ctx) > 1:
             # Σg and Σg·x̂ of this rank (and its dgamma, dbeta, which the gradient all-reduce sums
             # like every other gradient); the input gradient needs them summed over the ranks.
@@ -164,13 +165,13 @@ class BatchNorm(Op):
                                 accumulate=False)]
             sums = ctx.scratch("rank_sums", 2 * node.size)
             dx = {k: bufs[k] for k in ("inp", "dout", "gamma", "beta", "stats")}
-            return [self._k("sums", node, ctx, "sums", dict(bufs, sums=sums), input_grad=False,
+            return [self._k("sums", node, ctx, "sums", dict(bufs, sums=out(sums)), input_grad=False,
                             accumulate=False),
                     Collective("sync_sums", "sum", sums, sums),
-                    self._k("backward", node, ctx, "dx", dict(dx, sums=sums, dinp=ctx.dx(0)),
+                    self._k("backward", node, ctx, "dx", dict(dx, sums=sums, dinp=out(ctx.dx(0), ctx.acc(0))),
                             input_grad=True, accumulate=ctx.acc(0))]
         if ctx.dx(0):
-            bufs["dinp"] = ctx.dx(0)
+            bufs["dinp"] = out(ctx.dx(0), ctx.acc(0))
         return [self._k("backward", node, ctx, "backward", bufs,
                         input_grad=bool(ctx.dx(0)), accumulate=ctx.acc(0))]
 
@@ -178,8 +179,8 @@ class BatchNorm(Op):
         if node.attrs.get("streaming") is not None:
             return self._s_update(node, ctx)
         return [self._k("update_state", node, ctx, "update",
-                        {"stats": self._stats(node, ctx), "mean": ctx.s("running_mean"),
-                         "var": ctx.s("running_var")})]
+                        {"stats": self._stats(node, ctx), "mean": inout(ctx.s("running_mean")),
+                         "var": inout(ctx.s("running_var"))})]
 
     # -- streaming mode ----------------------------------------------------------------------
     def _sk(self, step, node, ctx, mode, buffers, **extra):
@@ -195,23 +196,23 @@ class BatchNorm(Op):
         return ctx.scratch("stream_stats", 2 * ctx.batch * node.size)
 
     def _s_forward(self, node, ctx):
-        common = {"inp": ctx.x(0), "out": ctx.y, "gamma": ctx.p("gamma"), "beta": ctx.p("beta"),
-                  "mean": ctx.s("running_mean"), "var": ctx.s("running_var")}
+        common = {"inp": ctx.x(0), "out": out(ctx.y), "gamma": ctx.p("gamma"),
+                  "beta": ctx.p("beta"), "mean": ctx.s("running_mean"), "var": ctx.s("running_var")}
         if ctx.training:
             return [self._sk("forward", node, ctx, "train",
-                             dict(common, trace=self._trace(node, ctx)))]
+                             dict(common, trace=out(self._trace(node, ctx))))]
         return [self._sk("forward", node, ctx, "infer", common)]
 
     def _s_backward(self, node, ctx):
         bufs = {"inp": ctx.x(0), "dout": ctx.dy, "gamma": ctx.p("gamma"), "beta": ctx.p("beta"),
-                "trace": self._trace(node, ctx), "dgamma": ctx.dp("gamma"),
-                "dbeta": ctx.dp("beta")}
+                "trace": self._trace(node, ctx), "dgamma": out(ctx.dp("gamma")),
+                "dbeta": out(ctx.dp("beta"))}
         if ctx.dx(0):
-            bufs["dinp"] = ctx.dx(0)
+            bufs["dinp"] = out(ctx.dx(0), ctx.acc(0))
         return [self._sk("backward", node, ctx, "backward", bufs,
                          input_grad=bool(ctx.dx(0)), accumulate=ctx.acc(0))]
 
     def _s_update(self, node, ctx):
         return [self._sk("update_state", node, ctx, "update",
-                         {"trace": self._trace(node, ctx), "mean": ctx.s("running_mean"),
-                          "var": ctx.s("running_var")})]
+                         {"trace": self._trace(node, ctx), "mean": out(ctx.s("running_mean")),
+                          "var": out(ctx.s("running_var"))})]

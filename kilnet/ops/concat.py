@@ -1,6 +1,6 @@
 """concat: join values along the last axis; the leading axes must agree."""
 from ..graph import graph_of
-from .base import GraphError, Op, kernel, need, register
+from .base import GraphError, Op, kernel, need, out, register
 
 
 
@@ -31,7 +31,7 @@ class Concat(Op):
         widths = self._widths(node)
         rows = ctx.batch * node.size // node.shape[-1]
         bufs = {f"in{i}": ctx.x(i) for i in range(len(widths))}
-        bufs["out"] = ctx.y
+        bufs["out"] = out(ctx.y)
         n = rows * node.shape[-1]
         return [kernel("forward", "concat", dict(mode="forward", N=n, widths=widths,
                                                  total=node.shape[-1]),
@@ -48,6 +48,6 @@ class Concat(Op):
             ks.append(kernel(f"backward_input.{i}", "concat",
                              dict(mode="backward", N=n, width=w, start=sum(widths[:i]),
                                   total=node.shape[-1], accumulate=ctx.acc(i)),
-                             {"dout": ctx.dy, "dinp": ctx.dx(i)},
+                             {"dout": ctx.dy, "dinp": out(ctx.dx(i), ctx.acc(i))},
                              *ctx.schedule(f"backward_input.{i}").cover(n)))
         return ks

@@ -8,7 +8,7 @@ import re
 
 from ..compiler import symbolic
 from ..compiler.schedule import TK
-from .base import kernel, round_up
+from .base import kernel, out as written, round_up
 
 GEMV_ROWS = 4              # up to this many rows, a GPU product along k is a reduction per column
 
@@ -67,7 +67,8 @@ def _epilogue(consts, buffers, accumulate, bias, act, z, dscale):
     """The constants and buffers that templates/epilogue.cl.j2 reads."""
     consts.update(accumulate=accumulate, bias=bias is not None, store_z=z is not None,
                   act=symbolic.forward_c(act), dscale=dscale is not None)
-    for name, buf in (("bias", bias), ("z", z), ("zin", dscale and dscale[1])):
+    buffers["out"] = written(buffers["out"], accumulate)
+    for name, buf in (("bias", bias), ("z", z and written(z)), ("zin", dscale and dscale[1])):
         if buf is not None:
             buffers[name] = buf
     consts.pop("dact", None)

@@ -41,7 +41,7 @@ import math
 import numpy as np
 
 from ..graph import graph_of
-from .base import Op, Param, int_attr, kernel, need, pow2_at_least, register
+from .base import Op, Param, int_attr, kernel, need, out, pow2_at_least, register
 from .gemm import gemm, linear, linear_backward
 
 STAGE_BYTES = 16384        # K and V of one head staged in local memory up to this size (GPUs)
@@ -163,7 +163,8 @@ class GraphAttention(Op):
             ks += linear(ctx, f"forward_{p}", rows=R, n_in=W, n_out=HD, x=ctx.x(0),
                          weight=ctx.p(f"{p}.weight"), out=s[p], bias=ctx.p(f"{p}.bias"))
         ks.append(self._attention(node, ctx, "forward_attention", "forward",
-                                  {"Q": s["q"], "K": s["k"], "V": s["v"], "P": s["p"], "O": s["o"]}))
+                                  {"Q": s["q"], "K": s["k"], "V": s["v"], "P": out(s["p"]),
+                                   "O": out(s["o"])}))
         ks += linear(ctx, "forward_out", rows=R, n_in=2 * HD, n_out=W, x=s["o"],
                      weight=ctx.p("out.weight"), out=ctx.y, bias=ctx.p("out.bias"))
         return ks
@@ -179,7 +180,7 @@ class GraphAttention(Op):
                              weight=ctx.p("out.weight"), dweight=ctx.dp("out.weight"),
                              dbias=ctx.dp("out.bias"), dx=do)
         ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
-                                  {"V": s["v"], "P": s["p"], "dO": do, "dS": ds}))
+                                  {"V": s["v"], "P": s["p"], "dO": do, "dS": out(ds)}))
         # dQ = dS·K, dK = dSᵀ·Q, dV = A_conᵀ·dO_con + A_notᵀ·dO_not: products batched over
         # (sample, head) = z, with head h's columns of Q, K, V, dO picked by the index expressions.
         BH, BHUU = B * H, B * H * U * U

@@ -13,7 +13,7 @@ derivatives of the gate product (no clamping of gradients or weights).
 """
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import Op, Param, int_attr, kernel, need, register
+from .base import Op, Param, inout, int_attr, kernel, need, out, register
 from .gemm import linear, linear_backward
 
 
@@ -53,7 +53,7 @@ class GraphConv(Op):
                          weight=ctx.p(f"{b}.weight"), out=z[b], bias=ctx.p(f"{b}.bias"))
         ks.append(kernel("forward", "graph_conv",
                          dict(mode="forward", N=R * F, act=symbolic.forward_c("leaky_relu")),
-                         {"zf": z["filter"], "zs": z["state"], "out": ctx.y},
+                         {"zf": z["filter"], "zs": z["state"], "out": out(ctx.y)},
                          *ctx.schedule("forward").cover(R * F)))
         return ks
 
@@ -64,7 +64,7 @@ class GraphConv(Op):
         ks = [kernel("backward_gate", "graph_conv",
                      dict(mode="backward", N=R * F, act=symbolic.forward_c("leaky_relu"),
                           dact=symbolic.derivative_c("leaky_relu")),
-                     {"zf": zf, "zs": zs, "dout": ctx.dy, "dzs": dzs},
+                     {"zf": zf, "zs": zs, "dout": inout(ctx.dy), "dzs": out(dzs)},
                      *ctx.schedule("backward_gate").cover(R * F))]
         dz = {"filter": ctx.dy, "state": dzs}          # dy now holds dzf
         for i, b in enumerate(("filter", "state")):

@@ -1,6 +1,6 @@
 """Losses, each a mean over the batch: mse and huber (δ = 1) average over elements too;
 cross_entropy (on a softmax output, per head) lives with softmax, whose logits it needs."""
-from .base import GraphError, kernel
+from .base import GraphError, kernel, out as written
 
 LOSSES = ("mse", "cross_entropy", "huber")
 ELEMENTWISE = ("mse", "huber")   # the others only an op computes (Op.fused_losses)
@@ -25,7 +25,7 @@ def elementwise_loss(kind, target_kind, *, batch, size, out, target, loss, dout,
     L = 1 if target_kind == "cpu" else GPU_LANES
     consts = dict(kind=kind, B=batch, N=size, CH=CHUNK, P=parts(size), L=L, accumulate=accumulate,
                   input_grad=dout is not None)
-    bufs = {"out": out, "target": target, "loss": loss}
+    bufs = {"out": out, "target": target, "loss": written(loss)}
     if dout is not None:
-        bufs["dout"] = dout
+        bufs["dout"] = written(dout, accumulate)
     return kernel("loss", "loss", consts, bufs, (parts(size) * L, batch), (L, 1))

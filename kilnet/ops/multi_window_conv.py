@@ -31,7 +31,7 @@ in as constants). Rows are (sample, variable) pairs.
 from ..compiler import symbolic
 from ..graph import graph_of
 from .activation import scale_by_derivative
-from .base import (GraphError, Op, Param, int_attr, keeps_preactivation, kernel, need,
+from .base import (GraphError, Op, Param, int_attr, keeps_preactivation, kernel, need, out,
                    pow2_at_least, register, vector_width)
 
 KT = 8                # taps per parameter-gradient unit (longer windows are cut into chunks)
@@ -101,8 +101,11 @@ class MultiWindowConv(Op):
         return c
 
     def _wbufs(self, node, ctx, grads=False):
-        """Each window's weight and bias (``w0, b0, w1, …``), or their gradients (``dw0, db0, …``)."""
-        get, d = (ctx.dp, "d") if grads else (ctx.p, "")
+        """Each window's weight and bias (``w0, b0, w1, …``), or their gradients (``dw0, db0, …``,
+        which the kernel writes)."""
+        def get(name):
+            return out(ctx.dp(name)) if grads else ctx.p(name)
+        d = "d" if grads else ""
         bufs = {}
         for i in range(len(node.attrs["windows"])):
             bufs[f"{d}w{i}"] = get(f"weight.{i}")
@@ -123,16 +126,16 @@ class MultiWindowConv(Op):
         c.update(act=symbolic.forward_c(act, "pre"), store_z=z is not None)
         if c["form"] == "cpu":
             c["vact"] = symbolic.vectorised(c["act"])
-        bufs = {"x": ctx.x(0), "out": ctx.y}
+        bufs = {"x": ctx.x(0), "out": out(ctx.y)}
         if z:
-            bufs["z"] = z
+            bufs["z"] = out(z)
         if c["form"] == "gpu":
             n = c["P"] * c["F"]
             return [kernel("forward", "multi_window_conv", c, dict(bufs, **self._wbufs(node, ctx)),
                            *ctx.schedule("forward", dims=2).cover(n, c["R"]))]
         pk = self._packed(node, ctx, c)
         ks = [kernel("forward_pack", "multi_window_conv", dict(c, mode="pack"),
-                     dict(pk=pk, **self._wbufs(node, ctx)),
+                     dict(pk=out(pk), **self._wbufs(node, ctx)),
                      *ctx.schedule("forward_pack").cover(c["WT"] + c["O"]))]
         return ks + [self._cpu_chunks(ctx, "forward", c, dict(bufs, pk=pk), c["P"])]
 
@@ -149,7 +152,7 @@ class MultiWindowConv(Op):
         if ctx.dx(0):
             c = self._consts(node, ctx, "backward_input")
             c.update(accumulate=ctx.acc(0))
-            bufs = {"dz": ctx.dy, "dx": ctx.dx(0)}
+            bufs = {"dz": ctx.dy, "dx": out(ctx.dx(0), ctx.acc(0))}
             if c["form"] == "gpu":
                 ks.append(kernel("backward_input", "multi_window_conv", c,
                                  dict(bufs, **self._wbufs(node, ctx)),
@@ -193,7 +196,7 @@ class MultiWindowConv(Op):
         if slices == 1:
             return [kernel("backward_params", "multi_window_conv", c, dict(xb, **grads), glob, local)]
         partial = ctx.scratch("dparams.partial", slices * PN)
-        ks = [kernel("backward_params", "multi_window_conv", c, dict(xb, partial=partial), glob,
+        ks = [kernel("backward_params", "multi_window_conv", c, dict(xb, partial=out(partial)), glob,
                      local)]
         rc = dict(c, mode="reduce_params", NS=slices)
         ks.append(kernel("backward_params_reduce", "multi_window_conv", rc,

@@ -8,7 +8,7 @@ to that input, (y·Σt − t)/B, is written directly: going through −t/y would
 underflow to zero in float32.
 """
 from ..graph import graph_of
-from .base import Op, int_attr, kernel, need, pow2_at_least, register
+from .base import Op, int_attr, kernel, need, out, pow2_at_least, register
 
 
 def softmax(x, heads=1, name=None):
@@ -38,13 +38,13 @@ class Softmax(Op):
         return node.inputs[0].shape
 
     def forward(self, node, ctx):
-        return [_launch("forward", node, ctx, "forward", {"inp": ctx.x(0), "out": ctx.y})]
+        return [_launch("forward", node, ctx, "forward", {"inp": ctx.x(0), "out": out(ctx.y)})]
 
     def backward(self, node, ctx):
         if not ctx.dx(0):
             return []
         return [_launch("backward_input", node, ctx, "backward",
-                        {"out": ctx.y, "dout": ctx.dy, "dinp": ctx.dx(0)}, accumulate=ctx.acc(0))]
+                        {"out": ctx.y, "dout": ctx.dy, "dinp": out(ctx.dx(0), ctx.acc(0))}, accumulate=ctx.acc(0))]
 
     def loss(self, node, ctx, kind, target, loss):
         return cross_entropy(node, ctx, target, loss)
@@ -56,8 +56,8 @@ class Softmax(Op):
 def cross_entropy(node, ctx, target, loss):
     """Loss kernel for cross-entropy on softmax ``node``: writes one loss part per (sample, head)
     and, when the softmax input wants a gradient, that gradient."""
-    bufs = {"inp": ctx.x(0), "target": target, "loss": loss}
+    bufs = {"inp": ctx.x(0), "target": target, "loss": out(loss)}
     if ctx.dx(0):
-        bufs["dinp"] = ctx.dx(0)
+        bufs["dinp"] = out(ctx.dx(0), ctx.acc(0))
     return _launch("loss", node, ctx, "xent", bufs, input_grad=bool(ctx.dx(0)),
                    accumulate=ctx.acc(0), B=ctx.batch, H=node.attrs["heads"])

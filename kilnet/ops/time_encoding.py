@@ -26,7 +26,7 @@ import math
 import numbers
 
 from ..graph import graph_of
-from .base import GraphError, Op, Param, int_attr, kernel, need, register
+from .base import GraphError, Op, Param, int_attr, kernel, need, out, register
 from .gemm import linear, linear_backward
 
 
@@ -83,7 +83,7 @@ class TimeEncoding(Op):
         (U, C), E, B = node.inputs[0].shape, self._E(node), ctx.batch
         n = B * U * E
         ks = [kernel("forward_features", "time_encoding", self._consts(node, "forward", N=n),
-                     {"times": ctx.x(1), "out": ctx.y}, *ctx.schedule("forward_features").cover(n))]
+                     {"times": ctx.x(1), "out": out(ctx.y)}, *ctx.schedule("forward_features").cover(n))]
         # out += b + W·x[u] for every (sample, unit) row: a product with M = B·U rows.
         ks += linear(ctx, "forward", rows=B * U, n_in=C, n_out=E, x=ctx.x(0),
                      weight=ctx.p("weight"), out=ctx.y, bias=ctx.p("bias"), accumulate=True)
@@ -96,7 +96,7 @@ class TimeEncoding(Op):
         if ctx.dx(1):   # dt[u] = Σ_e dY[u, e]·∂feature_e/∂t_u
             ks.append(kernel("backward_times", "time_encoding",
                              self._consts(node, "backward_times", N=R, accumulate=ctx.acc(1)),
-                             {"times": ctx.x(1), "dout": ctx.dy, "dtimes": ctx.dx(1)},
+                             {"times": ctx.x(1), "dout": ctx.dy, "dtimes": out(ctx.dx(1), ctx.acc(1))},
                              *ctx.schedule("backward_times").cover(R)))
         ks += linear_backward(ctx, rows=R, n_in=C, n_out=E, dz=ctx.dy, x=ctx.x(0),
                               weight=ctx.p("weight"), dweight=ctx.dp("weight"),

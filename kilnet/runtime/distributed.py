@@ -326,11 +326,11 @@ class Replicas:
         return out
 
     def _ready(self, seq):
-        """For each bucket, the index in ``seq`` of the last launch that touches a gradient
+        """For each bucket, the index in ``seq`` of the last launch that writes a gradient
         in it (-1: none does)."""
         where = {}
         for i, launch in enumerate(seq):
-            for buf in launch.buffers.values():
+            for buf in launch.writes:
                 b = self.plan.buffers[buf]
                 if b.role == "grad":
                     where[b.offset] = i

@@ -46,7 +46,7 @@ class Executor:
         for launch in plan.launches:
             k = kernels[launch.name]
             for a in launch.args:
-                if a.name.endswith("_arena"):
+                if a.access:
                     k.set_arg(a.slot, self._mem(a.buffer))
                 else:
                     k.set_arg(a.slot, np.uint32(self._offset(a.buffer)))
