@@ -16,6 +16,8 @@ import sys
 import tempfile
 import warnings
 
+import numpy as np
+
 from ..errors import CompileError
 from . import icd
 from .program import cache_dir
@@ -128,7 +130,6 @@ def _save_probe(key, result):
 
 def build_and_run(device, source=PROBE_SOURCE):
     """Build and run the probe kernel on `device` in this process; None if it works, else why."""
-    import numpy as np
     cl = _cl()
     try:
         ctx = cl.Context([device])

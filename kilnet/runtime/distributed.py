@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import sys
 import time
 
@@ -72,7 +73,6 @@ def wait(reqs, what, progress=None):
 
 def allgather_obj(comm, obj, what):
     """comm.allgather for picklable objects, bounded by the timeout."""
-    import pickle
     MPI = mpi()
     data = np.frombuffer(pickle.dumps(obj), np.uint8)
     sizes = np.zeros(comm.Get_size(), np.int64)
@@ -86,7 +86,6 @@ def allgather_obj(comm, obj, what):
 
 def bcast_obj(comm, obj, what, root=0):
     """comm.bcast for picklable objects, bounded by the timeout."""
-    import pickle
     MPI = mpi()
     data = np.frombuffer(pickle.dumps(obj), np.uint8) if comm.Get_rank() == root else None
     size = np.array([0 if data is None else data.size], np.int64)
