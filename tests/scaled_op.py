@@ -4,7 +4,7 @@ from kilnet.compiler import symbolic
 from kilnet.graph import graph_of
 from kilnet.ops import Op, Param, register
 from kilnet.ops.activation import scale_by_derivative
-from kilnet.ops.base import kernel, keeps_preactivation, out, pow2_at_least
+from kilnet.ops.base import kernel, keeps_preactivation, out
 
 TEMPLATE = """\
 {% import "common.cl.j2" as c %}
@@ -72,7 +72,7 @@ class Scaled(Op):
         n = ctx.batch * node.size
         # dy ·= act'(z), unless the product that wrote dy applied it already
         ks = scale_by_derivative(ctx, node.attrs["activation"], ctx.preactivation(), n)
-        L = pow2_at_least(n, 256)
+        L = ctx.schedule("backward_params", "group", items=n).local[0]
         ks.append(kernel("backward_params", "scaled", dict(mode="dscale", N=n, L=L),
                          {"inp": ctx.x(0), "dout": ctx.dy, "dscale": out(ctx.dp("scale"))},
                          (L,), (L,)))

@@ -21,6 +21,7 @@ from ..ops.base import pow2_at_least, vector_width
 from ..runtime.program import cache_dir
 
 LANES = 64            # work-items per group of a launch with one work-item per element or row
+GROUP_LANES = 256     # the largest work-group that one row, segment or head gets
 CPU_VECTOR_LANES = 16  # ... when each work-item takes a vector in the CPU form (measured on PoCL)
 TK = 16               # k-depth of a GPU gemm tile (a template constant; the k-split counts in it)
 # CPU register blocks, chosen on PoCL (2-core EPYC) over W1 at batch 64 and W2 at batch 32
@@ -46,7 +47,7 @@ class Schedule:
 
 
 # What an override may set, per family (the rest is derived from these or fixed by the template).
-TUNABLE = {"map": ("local",), "vector_map": ("local",), "gemm": ("tiles", "split"),
+TUNABLE = {"map": ("local",), "vector_map": ("local",), "group": ("local",), "gemm": ("tiles", "split"),
            "gemv": ("local",), "gemm_vec": ("block", "local"), "column_sum": ("local",),
            "chunks": ("local",), "slices": ("split",)}
 
@@ -100,6 +101,10 @@ def policy(target, kind, dtype="float", **shape):
             RM, NV = VEC_BLOCK_N
             RM, RN = min(RM, M), min(NV, -(-N // V))
         return Schedule(block=(RM, RN), vector=V, local=_vec_local(shape, (RM, RN), V))
+    if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
+        #                          queries of a head): a power of two up to GROUP_LANES
+        cap = min(GROUP_LANES, target.max_work_group)
+        return Schedule(local=(pow2_at_least(shape["items"], cap),))
     if kind == "column_sum":     # shape: rows, cols
         LY = 1 if target.kind == "cpu" else min(16, pow2_at_least(-(-shape["rows"] // 8), 16))
         return Schedule(local=(min(LANES // LY, pow2_at_least(shape["cols"], LANES // LY)), LY))
@@ -162,7 +167,7 @@ def _check(target, kind, name, key, s, dtype, dims):
         if size > target.max_work_group:
             bad("local", f"asks for {size} work-items per group; the device allows "
                          f"{target.max_work_group}")
-        if kind in ("gemv", "column_sum") and any(n & (n - 1) for n in s.local):
+        if kind in ("gemv", "column_sum", "group") and any(n & (n - 1) for n in s.local):
             bad("local", f"must be powers of two (a tree reduction), got {list(s.local)}")
     if kind == "gemm":
         TM, TN, RM, RN = s.tiles

@@ -41,7 +41,7 @@ import math
 import numpy as np
 
 from ..graph import graph_of
-from .base import Op, Param, int_attr, kernel, need, out, pow2_at_least, register
+from .base import Op, Param, int_attr, kernel, need, out, register
 from .gemm import gemm, linear, linear_backward
 
 STAGE_BYTES = 16384        # K and V of one head staged in local memory up to this size (GPUs)
@@ -137,14 +137,13 @@ class GraphAttention(Op):
         item = 8 if ctx.dtype == "double" else 4
         staged = ctx.target.kind == "gpu" and 2 * U * DK * item <= STAGE_BYTES
         return dict(mode=mode, B=B, U=U, H=H, DK=DK, scale=repr(1.0 / math.sqrt(DK)),
-                    words=words, bits=bits, connected=connected, staged=staged,
-                    L=min(pow2_at_least(U, 256), 256))
+                    words=words, bits=bits, connected=connected, staged=staged)
 
     def _attention(self, node, ctx, step, mode, buffers):
         consts = self._consts(node, ctx, mode)
         B, U, H = consts["B"], consts["U"], consts["H"]
-        if consts["staged"]:
-            L = consts["L"]
+        if consts["staged"]:       # a work-group per (sample, head), its lanes over the queries
+            L = consts["L"] = ctx.schedule(step, "group", items=U).local[0]
             return kernel(step, "graph_attention", consts, buffers, (B * H * L,), (L,))
         return kernel(step, "graph_attention", consts, buffers, *ctx.schedule(step).cover(B * H * U))
 

@@ -8,7 +8,7 @@ to that input, (y·Σt − t)/B, is written directly: going through −t/y would
 underflow to zero in float32.
 """
 from ..graph import graph_of
-from .base import Op, int_attr, kernel, need, out, pow2_at_least, register
+from .base import Op, int_attr, kernel, need, out, register
 
 
 def softmax(x, heads=1, name=None):
@@ -19,7 +19,7 @@ def softmax(x, heads=1, name=None):
 def _launch(step, node, ctx, mode, buffers, **extra):
     H = node.attrs["heads"]
     seg = node.size // H
-    L = pow2_at_least(seg, 256)
+    L = ctx.schedule(step, "group", items=seg).local[0]
     consts = dict(S=seg, L=L, mode=mode, **extra)
     return kernel(step, "softmax", consts, buffers, (L, H, ctx.batch), (L, 1, 1))
 
