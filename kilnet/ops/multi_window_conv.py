@@ -11,7 +11,7 @@ Parameters per window i: ``weight.i`` (filters, n_i) and ``bias.i`` (filters,), 
 (p·step − ⌊(n + 1)/2⌋, so odd windows sit left of centre) and its output index drops the window;
 neither is reproduced here.
 
-Kernels (templates/multi_window_conv.cl.j2; window lengths, offsets and parameter pointers baked
+Kernels (templates/mwconv*.cl.j2; window lengths, offsets and parameter pointers baked
 in as constants). Rows are (sample, variable) pairs.
 
 - forward: one launch computes every window. GPU form: a work-item per output value (row,
@@ -131,10 +131,10 @@ class MultiWindowConv(Op):
             bufs["z"] = out(z)
         if c["form"] == "gpu":
             n = c["P"] * c["F"]
-            return [kernel("forward", "multi_window_conv", c, dict(bufs, **self._wbufs(node, ctx)),
+            return [kernel("forward", "mwconv_forward", c, dict(bufs, **self._wbufs(node, ctx)),
                            *ctx.schedule("forward", dims=2).cover(n, c["R"]))]
         pk = self._packed(node, ctx, c)
-        ks = [kernel("forward_pack", "multi_window_conv", dict(c, mode="pack"),
+        ks = [kernel("forward_pack", "mwconv_forward", dict(c, mode="pack"),
                      dict(pk=out(pk), **self._wbufs(node, ctx)),
                      *ctx.schedule("forward_pack").cover(c["WT"] + c["O"]))]
         return ks + [self._cpu_chunks(ctx, "forward", c, dict(bufs, pk=pk), c["P"])]
@@ -144,7 +144,7 @@ class MultiWindowConv(Op):
         c["NC"] = -(-length // CPU_CHUNK)
         c["PC"] = CPU_CHUNK
         s = ctx.schedule(step, "chunks", chunks=c["NC"])
-        return kernel(step, "multi_window_conv", c, bufs, *s.cover(c["NC"], c["R"]))
+        return kernel(step, f"mwconv_{step}", c, bufs, *s.cover(c["NC"], c["R"]))
 
     def backward(self, node, ctx):
         act = node.attrs["activation"]
@@ -154,7 +154,7 @@ class MultiWindowConv(Op):
             c.update(accumulate=ctx.acc(0))
             bufs = {"dz": ctx.dy, "dx": out(ctx.dx(0), ctx.acc(0))}
             if c["form"] == "gpu":
-                ks.append(kernel("backward_input", "multi_window_conv", c,
+                ks.append(kernel("backward_input", "mwconv_backward_input", c,
                                  dict(bufs, **self._wbufs(node, ctx)),
                                  *ctx.schedule("backward_input", dims=2).cover(c["T"], c["R"])))
             else:      # the packed weights of this step's forward
@@ -194,12 +194,13 @@ class MultiWindowConv(Op):
         xb = {"x": ctx.x(0), "dz": ctx.dy}
         grads = self._wbufs(node, ctx, grads=True)
         if slices == 1:
-            return [kernel("backward_params", "multi_window_conv", c, dict(xb, **grads), glob, local)]
+            return [kernel("backward_params", "mwconv_backward_params", c, dict(xb, **grads), glob,
+                           local)]
         partial = ctx.scratch("dparams.partial", slices * PN)
-        ks = [kernel("backward_params", "multi_window_conv", c, dict(xb, partial=out(partial)), glob,
-                     local)]
+        ks = [kernel("backward_params", "mwconv_backward_params", c, dict(xb, partial=out(partial)),
+                     glob, local)]
         rc = dict(c, mode="reduce_params", NS=slices)
-        ks.append(kernel("backward_params_reduce", "multi_window_conv", rc,
+        ks.append(kernel("backward_params_reduce", "mwconv_backward_params", rc,
                          dict(partial=partial, **grads),
                          *ctx.schedule("backward_params_reduce").cover(PN)))
         return ks
