@@ -1,12 +1,16 @@
 """Running a plan: allocate arenas, build kernels, set every argument once, then each step is
 uploads, enqueues of pre-bound kernels, and reads. The executor knows buffers and launches,
-never layers."""
+never layers.
+
+Arguments are set once, in the constructor, and never changed: a command buffer (submit.py)
+captures them when it records a launch sequence."""
 import threading
 
 import numpy as np
 
 from ..errors import CompileError, MemoryCheckError
 from . import device as devmod
+from . import submit
 from .program import build
 
 NP_DTYPE = {"float32": np.float32, "float64": np.float64}
@@ -51,6 +55,8 @@ class Executor:
                 else:
                     k.set_arg(a.slot, np.uint32(self._offset(a.buffer)))
             self.bound[launch.name] = (k, launch.global_size, launch.local_size)
+        self.submit = submit.choose(self.device, self.queue, self.bound,
+                                    printf=any("printf" in s for s in plan.sources.values()))
 
     def _check_device(self):
         d, plan = self.device, self.plan
@@ -168,9 +174,10 @@ class Executor:
         self.queue.flush()
 
     def run(self, launches, after=None):
-        """Enqueue ``launches`` in order; ``after(launch)`` (debug) runs after each one. With
-        debug_buffers every launch is waited for and its buffers' guards checked."""
-        enqueue = self.cl.enqueue_nd_range_kernel
+        """Enqueue ``launches`` in order, through the submission path chosen for this executor;
+        ``after(launch)`` (debug) runs after each one. With debug_buffers every launch is waited
+        for and its buffers' guards checked. Launches waited for one at a time go through
+        pyopencl: the wait costs far more than the enqueue."""
         if self.plan.debug_buffers and self.guard:
             then = after
 
@@ -178,12 +185,15 @@ class Executor:
                 self._check_guards(launch)
                 if then is not None:
                     then(launch)
+        if after is None:
+            self.submit.run(launches)
+            return
+        enqueue = self.cl.enqueue_nd_range_kernel
         for launch in launches:
             k, g, loc = self.bound[launch.name]
             enqueue(self.queue, k, g, loc)
-            if after is not None:
-                self.queue.finish()
-                after(launch)
+            self.queue.finish()
+            after(launch)
 
     def _check_guards(self, launch):
         cl, n, item = self.cl, self.guard, self.item
