@@ -3,13 +3,15 @@ command buffer, ctypes enqueues and pyopencl enqueues of one plan give bit-ident
 outputs and parameters over several steps, on every CPU implementation that builds kernels here
 (each with the paths it offers). A path the device cannot do is refused, naming the device and
 the reason; a failing OpenCL call is a DeviceError naming the call and the error code."""
+import re
+
 import numpy as np
 import pyopencl as cl
 import pytest
 
 import kilnet as kn
 from kilnet.runtime import device as devmod
-from kilnet.runtime import submit
+from kilnet.runtime import executor, submit
 
 DEVICES = kn.devices(check=True)
 CPU_IMPLEMENTATIONS = sorted({d["implementation"] for d in DEVICES
@@ -122,8 +124,13 @@ def test_a_replay_sees_parameters_assigned_after_recording(monkeypatch, implemen
     assert not np.array_equal(runs[1][1], runs[1][2])     # the assignment changed the output
 
 
+def no_device_work(*args, **kw):
+    raise AssertionError("device work before the refusal")
+
+
 def test_a_bad_KILNET_ENQUEUE_is_refused_before_device_work(monkeypatch):
     monkeypatch.setenv(submit.ENV, "graph")
+    monkeypatch.setattr(executor.devmod, "select", no_device_work)
     with pytest.raises(kn.CompileError, match=r"KILNET_ENQUEUE must be one of auto, "
                                               r"command_buffer, ctypes, pyopencl; got 'graph'"):
         kn.compile(graph(), batch=B)
@@ -151,6 +158,19 @@ def test_command_buffers_forced_where_the_device_has_none_are_refused():
                             f"{name}: the device does not offer cl_khr_command_buffer")
     auto = submit.choose(d, queue, {})
     assert auto.name == "ctypes" and "no command buffer: the device does not offer" in auto.why
+
+
+@pytest.mark.parametrize("implementation", [i for i in CPU_IMPLEMENTATIONS
+                                            if not offers_command_buffers(i)])
+def test_a_forced_path_the_device_cannot_do_is_refused_before_kernels_are_built(
+        monkeypatch, implementation):
+    monkeypatch.setenv(submit.ENV, "command_buffer")
+    monkeypatch.setattr(executor, "build", no_device_work)
+    d = devmod.select(implementation)
+    with pytest.raises(kn.CompileError, match=rf"^KILNET_ENQUEUE=command_buffer: command buffers "
+                                              rf"cannot be used on {re.escape(submit.where(d))}: "
+                                              rf"the device does not offer cl_khr_command_buffer$"):
+        kn.compile(graph(), batch=B, device=implementation)
 
 
 def test_without_a_loadable_opencl_library_auto_falls_back_to_pyopencl(monkeypatch):

@@ -34,6 +34,7 @@ class Executor:
         import pyopencl as cl
         self.cl = cl
         self.plan = plan
+        submit.requested()              # a bad KILNET_ENQUEUE is refused before any device work
         self.device = devmod.select(device)
         self.np_dtype = NP_DTYPE[plan.dtype]
         self.item = np.dtype(self.np_dtype).itemsize
@@ -41,12 +42,14 @@ class Executor:
         self.ctx, self.queue, _ = dc = devmod.context(self.device)
         self.lock = threading.Lock()
         self._pending = []
+        self.bound = {}                 # filled below; the submitter reads it at run time
+        self.submit = submit.choose(self.device, self.queue, self.bound,
+                                    printf=any("printf" in s for s in plan.sources.values()))
         programs = {k: build(dc, k, src) for k, src in plan.sources.items()}
         kernels = {launch.name: cl.Kernel(programs[launch.kernel], launch.kernel)
                    for launch in plan.launches}
         self._check_kernels(kernels)
         self._alloc(poison)
-        self.bound = {}
         for launch in plan.launches:
             k = kernels[launch.name]
             for a in launch.args:
@@ -55,8 +58,6 @@ class Executor:
                 else:
                     k.set_arg(a.slot, np.uint32(self._offset(a.buffer)))
             self.bound[launch.name] = (k, launch.global_size, launch.local_size)
-        self.submit = submit.choose(self.device, self.queue, self.bound,
-                                    printf=any("printf" in s for s in plan.sources.values()))
 
     def _check_device(self):
         d, plan = self.device, self.plan
