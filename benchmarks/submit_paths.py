@@ -10,6 +10,7 @@ is listed with the reason and left out):
   held_us/launch  the time until the train sequence's enqueues return while a user event holds
                   the queue (so no kernel runs meanwhile: the submission's own host cost),
                   divided by the launches in it (command_buffer: one enqueue for them all)
+  held_cpu_us/launch  the calling thread's CPU time in those same calls
   idle_us/launch  the same with the queue idle before: kernels start while the rest is
                   enqueued, as in a real step (on a CPU device they share the cores with it)
   step_ms         a whole train_step: upload, enqueue, blocking loss read
@@ -55,21 +56,21 @@ def compile_path(key, batch, device, path):
 
 
 def host_s(model, steps, held):
-    """Median seconds until ``run(train sequence)`` returns, the queue drained before each; with
-    ``held`` a user event holds the queue meanwhile."""
+    """Seconds until ``run(train sequence)`` returns, wall and this thread's CPU time, each call
+    with the queue drained before; with ``held`` a user event holds the queue meanwhile."""
     ex, seq, ts = model._exec, model._train, []
     for _ in range(steps):
         ex.finish()
         if held:
             gate = cl.UserEvent(ex.ctx)
             cl.enqueue_marker(ex.queue, wait_for=[gate])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         ex.run(seq)
-        ts.append(time.perf_counter() - t0)
+        ts.append((time.perf_counter() - t0, time.thread_time() - c0))
         if held:
             gate.set_status(cl.command_execution_status.COMPLETE)
     ex.finish()
-    return statistics.median(ts)
+    return ts
 
 
 def measure(key, batch, device, paths, steps, warmup):
@@ -87,12 +88,14 @@ def measure(key, batch, device, paths, steps, warmup):
     for _ in range(3):              # the host timings alternate too, in rounds
         for p in names:
             for held in (True, False):
-                host[p, held].append(host_s(models[p], max(5, steps // 3), held))
+                host[p, held] += host_s(models[p], max(5, steps // 3), held)
     launches = len(models[names[0]]._train)
+
+    def us(p, held, which):
+        return statistics.median(t[which] for t in host[p, held]) / launches * 1e6
     return {p: {"launches": launches, "step_ms": step[i], "first_loss": first[p],
-                "held_us": statistics.median(host[p, True]) / launches * 1e6,
-                "idle_us": statistics.median(host[p, False]) / launches * 1e6,
-                "why": models[p]._exec.submit.why}
+                "held_us": us(p, True, 0), "held_cpu_us": us(p, True, 1),
+                "idle_us": us(p, False, 0), "why": models[p]._exec.submit.why}
             for i, p in enumerate(names)}, refused
 
 
@@ -121,8 +124,9 @@ def main(argv=None):
           f"{d.driver_version.strip()}); host: {machine()}; {datetime.date.today()}; "
           f"{a.steps} timed calls per path after {a.warmup} warm-up, alternating", flush=True)
     shown = set()
-    cols = [("workload", 10), ("batch", 6), ("launches", 9), ("path", 15), ("held_us/launch", 15),
-            ("idle_us/launch", 15), ("step_ms", 10), ("step_vs_pyopencl", 17)]
+    cols = [("workload", 9), ("batch", 6), ("launches", 9), ("path", 15), ("held_us/launch", 15),
+            ("held_cpu_us/launch", 19), ("idle_us/launch", 15), ("step_ms", 10),
+            ("step_vs_pyopencl", 17)]
     print("".join(f"{n:>{w}}" for n, w in cols), flush=True)
     for key in a.only.split(","):
         batches = vs.DEFAULT_BATCHES[key]
@@ -137,14 +141,17 @@ def main(argv=None):
                                         rows[p]["why"]), flush=True)
             ref = rows["pyopencl"]
             for p, r in rows.items():
-                cells = [key, b, r["launches"], p, f"{r['held_us']:.2f}", f"{r['idle_us']:.2f}",
-                         f"{r['step_ms']:.3f}", f"{ref['step_ms'] / r['step_ms']:.2f}x"]
+                cells = [key, b, r["launches"], p, f"{r['held_us']:.2f}", f"{r['held_cpu_us']:.2f}",
+                         f"{r['idle_us']:.2f}", f"{r['step_ms']:.3f}",
+                         f"{ref['step_ms'] / r['step_ms']:.2f}x"]
                 print("".join(f"{c:>{w}}" for c, (_, w) in zip(cells, cols)), flush=True)
             if len({r["first_loss"] for r in rows.values()}) != 1:
                 print("# first losses differ: " + ", ".join(f"{p} {r['first_loss']!r}"
                                                            for p, r in rows.items()))
     print("# held_us/launch: enqueue time of the train sequence with the queue held by a user "
-          "event (submission only), per launch; idle_us/launch: the same with the queue idle "
+          "event (submission only), per launch; held_cpu_us/launch: the calling thread's CPU "
+          "time in the same calls (what being descheduled by other processes does not inflate); "
+          "idle_us/launch: the same with the queue idle "
           "before (kernels start while the rest is enqueued); step_ms: median whole train_step; "
           "step_vs_pyopencl = pyopencl step_ms / this path's (> 1: faster). Every path's first "
           "loss equals pyopencl's unless a line above says otherwise.")
