@@ -14,6 +14,8 @@ is listed with the reason and left out):
   idle_us/launch  the same with the queue idle before: kernels start while the rest is
                   enqueued, as in a real step (on a CPU device they share the cores with it)
   step_ms         a whole train_step: upload, enqueue, blocking loss read
+  run_ms          the train sequence enqueued and finished (no upload or read) on one model
+                  whose submitter is swapped call by call: the same buffers for every path
 Medians over --steps calls after --warmup; the paths alternate call by call (host timings in
 rounds). Ratios are against the pyopencl path. Every path's model starts from the same
 parameters, and the first losses are compared (bit-identical expected: same kernels, same order).
@@ -73,6 +75,22 @@ def host_s(model, steps, held):
     return ts
 
 
+def swapped(model, paths, steps, warmup):
+    """Median ms of ``run(train sequence)`` + finish on ``model``, its submitter swapped call by
+    call between ``paths``: the same buffers and kernels for every path."""
+    ex, own = model._exec, model._exec.submit
+    subs = [submit.choose(ex.device, ex.queue, ex.bound, request=p) for p in paths]
+
+    def call(s):
+        ex.submit = s
+        ex.run(model._train)
+        ex.finish()
+    try:
+        return vs.alternate([lambda s=s: call(s) for s in subs], steps, warmup)
+    finally:
+        ex.submit = own
+
+
 def measure(key, batch, device, paths, steps, warmup):
     """{path: row} for the paths the device can do, and {path: why not} for the others."""
     models, refused = {}, {}
@@ -89,13 +107,14 @@ def measure(key, batch, device, paths, steps, warmup):
         for p in names:
             for held in (True, False):
                 host[p, held] += host_s(models[p], max(5, steps // 3), held)
+    run = swapped(models["pyopencl"], names, steps, warmup)
     launches = len(models[names[0]]._train)
 
     def us(p, held, which):
         return statistics.median(t[which] for t in host[p, held]) / launches * 1e6
     return {p: {"launches": launches, "step_ms": step[i], "first_loss": first[p],
                 "held_us": us(p, True, 0), "held_cpu_us": us(p, True, 1),
-                "idle_us": us(p, False, 0), "why": models[p]._exec.submit.why}
+                "idle_us": us(p, False, 0), "run_ms": run[i], "why": models[p]._exec.submit.why}
             for i, p in enumerate(names)}, refused
 
 
@@ -126,7 +145,7 @@ def main(argv=None):
     shown = set()
     cols = [("workload", 9), ("batch", 6), ("launches", 9), ("path", 15), ("held_us/launch", 15),
             ("held_cpu_us/launch", 19), ("idle_us/launch", 15), ("step_ms", 10),
-            ("step_vs_pyopencl", 17)]
+            ("step_vs_pyopencl", 17), ("run_ms", 9), ("run_vs_pyopencl", 16)]
     print("".join(f"{n:>{w}}" for n, w in cols), flush=True)
     for key in a.only.split(","):
         batches = vs.DEFAULT_BATCHES[key]
@@ -143,7 +162,8 @@ def main(argv=None):
             for p, r in rows.items():
                 cells = [key, b, r["launches"], p, f"{r['held_us']:.2f}", f"{r['held_cpu_us']:.2f}",
                          f"{r['idle_us']:.2f}", f"{r['step_ms']:.3f}",
-                         f"{ref['step_ms'] / r['step_ms']:.2f}x"]
+                         f"{ref['step_ms'] / r['step_ms']:.2f}x", f"{r['run_ms']:.3f}",
+                         f"{ref['run_ms'] / r['run_ms']:.2f}x"]
                 print("".join(f"{c:>{w}}" for c, (_, w) in zip(cells, cols)), flush=True)
             if len({r["first_loss"] for r in rows.values()}) != 1:
                 print("# first losses differ: " + ", ".join(f"{p} {r['first_loss']!r}"
@@ -153,7 +173,9 @@ def main(argv=None):
           "time in the same calls (what being descheduled by other processes does not inflate); "
           "idle_us/launch: the same with the queue idle "
           "before (kernels start while the rest is enqueued); step_ms: median whole train_step; "
-          "step_vs_pyopencl = pyopencl step_ms / this path's (> 1: faster). Every path's first "
+          "step_vs_pyopencl = pyopencl step_ms / this path's (> 1: faster); run_ms: the train "
+          "sequence enqueued and finished on one model whose submitter is swapped call by call "
+          "(the same buffers for every path), run_vs_pyopencl likewise. Every path's first "
           "loss equals pyopencl's unless a line above says otherwise.")
     return 0
 
