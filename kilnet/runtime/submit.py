@@ -14,7 +14,10 @@ executor, all on the executor's in-order queue.
 forces one, and a forced path the device cannot do is a CompileError saying why.
 
 Measured host time per enqueue on NVIDIA's OpenCL (H200): ~8.2 us through pyopencl, ~7.4 us
-through ctypes with no event; NVIDIA offers no command buffers. Intel's CPU runtime offers them.
+through ctypes with no event; NVIDIA offers no command buffers. Intel's CPU runtime (2026.2)
+offers them, but its clEnqueueCommandBufferKHR costs the host as much CPU time as the enqueues it
+replaces (~5 us per recorded launch), so there the three paths run alike
+(benchmarks/results/cpu-submit-paths-2026-11-30.txt).
 
 A command buffer captures each kernel's arguments when it is recorded. The executor sets every
 argument once, before any run, and never again, so a replay sees what a fresh enqueue would.
