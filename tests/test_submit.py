@@ -3,6 +3,8 @@ command buffer, ctypes enqueues and pyopencl enqueues of one plan give bit-ident
 outputs and parameters over several steps, on every CPU implementation that builds kernels here
 (each with the paths it offers). A path the device cannot do is refused, naming the device and
 the reason; a failing OpenCL call is a DeviceError naming the call and the error code."""
+import importlib.util
+import os
 import re
 
 import numpy as np
@@ -234,3 +236,21 @@ def test_error_names_include_the_command_buffer_codes():
     assert submit.error_name(-5) == "CL_OUT_OF_RESOURCES"
     assert submit.error_name(-1138) == "CL_INVALID_COMMAND_BUFFER_KHR"
     assert submit.error_name(-99999) == "unknown OpenCL error -99999"
+
+
+def test_the_benchmark_compares_every_path_the_device_offers(monkeypatch, capsys):
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "submit_paths.py")
+    spec = importlib.util.spec_from_file_location("bench_submit_paths", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.delenv(submit.ENV, raising=False)
+    device = CPU_IMPLEMENTATIONS[0]
+    assert bench.main(["--device", device, "--only", "W3", "--steps", "2", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln.split() for ln in out.splitlines() if ln.split()[:2] == ["W3", "16"]]
+    offered = [p for p in submit.PATHS if p != "command_buffer" or offers_command_buffers(device)]
+    assert [r[3] for r in rows] == offered and rows[-1][-1] == "1.00x"
+    assert "first losses differ" not in out
+    if "command_buffer" not in offered:
+        assert "# command_buffer: not available: KILNET_ENQUEUE=command_buffer" in out
