@@ -517,6 +517,7 @@ def main(argv=None):
           f"{torch.__version__ if torch is not None else '-'} on {probe.device.name.strip()} "
           f"({host}), {datetime.date.today()}, {a.steps} timed calls per side after {a.warmup} "
           f"warm-up", flush=True)
+    print(f"# kilnet submit: {probe._exec.submit.why}", flush=True)
     peaks = measure_peaks(torch, dev, a.device, a.gemm, 3 if not gpu else 10) if a.gemm else {}
     if peaks:
         gemm_line(peaks, print)

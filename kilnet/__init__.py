@@ -1,6 +1,7 @@
 """kilnet: neural networks as dataflow graphs, compiled into plans of specialised OpenCL kernels."""
-from .errors import (BundleError, CheckpointError, CompileError, FeedError, GraphError,
-                     KilnetError, MemoryCheckError, NonFiniteLoss, RankTimeout, ShapeError)
+from .errors import (BundleError, CheckpointError, CompileError, DeviceError, FeedError,
+                     GraphError, KilnetError, MemoryCheckError, NonFiniteLoss, RankTimeout,
+                     ShapeError)
 from .graph import Graph, Value
 from .ops import *  # noqa: F401,F403  (the builders: kilnet.ops.BUILDERS, from the op registry)
 from .ops import BUILDERS
@@ -13,5 +14,5 @@ from .compiler.symbolic import ACTIVATIONS
 __version__ = "0.1.0"
 __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "ACTIVATIONS",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError",
-           "CheckpointError", "BundleError", "MemoryCheckError", "fit", "History",
+           "CheckpointError", "BundleError", "DeviceError", "MemoryCheckError", "fit", "History",
            "NonFiniteLoss", "RankTimeout"] + BUILDERS

@@ -21,6 +21,11 @@ class FeedError(KilnetError):
     """Data handed to a compiled model (feeds, targets, parameters) does not fit it."""
 
 
+class DeviceError(KilnetError):
+    """An OpenCL call failed while a compiled model ran: the message names the call, the
+    OpenCL error code and the device."""
+
+
 class CheckpointError(KilnetError):
     """A .kiln file is unreadable, truncated, of another version, or of another architecture."""
 

@@ -13,7 +13,8 @@ def summary(model):
     plan, g = model.plan, model.graph
     out = [f"model {g.name!r}: batch {plan.batch}, {plan.dtype}, "
            f"{'training' if plan.training else 'inference'} plan on {model.device.name.strip()}"
-           + (f" ({plan.target.implementation}, {plan.target.kind} kernel form)" if plan.target else "")]
+           + (f" ({plan.target.implementation}, {plan.target.kind} kernel form)" if plan.target else ""),
+           "submit: " + model._exec.submit.why + _one_at_a_time(plan)]
     if plan.optimizer is not None:
         out.append(f"optimizer {plan.optimizer!r}; loss {plan.loss}")
     out.append("")
@@ -31,6 +32,12 @@ def summary(model):
     out.append(f"launches: {len(plan.launches)} ({', '.join(f'{k} {v}' for k, v in phases.items())}); "
                f"distinct kernels: {len(plan.sources)}")
     return "\n".join(out)
+
+
+def _one_at_a_time(plan):
+    debug = [name for name, on in (("debug_buffers", plan.debug_buffers),
+                                   ("check_finite", plan.check_finite)) if on]
+    return f"; with {' and '.join(debug)} every launch runs alone" if debug else ""
 
 
 def _table(heads, rows, right=()):

@@ -1,12 +1,16 @@
 """Running a plan: allocate arenas, build kernels, set every argument once, then each step is
 uploads, enqueues of pre-bound kernels, and reads. The executor knows buffers and launches,
-never layers."""
+never layers.
+
+Arguments are set once, in the constructor, and never changed: a command buffer (submit.py)
+captures them when it records a launch sequence."""
 import threading
 
 import numpy as np
 
 from ..errors import CompileError, MemoryCheckError
 from . import device as devmod
+from . import submit
 from .program import build
 
 NP_DTYPE = {"float32": np.float32, "float64": np.float64}
@@ -30,6 +34,7 @@ class Executor:
         import pyopencl as cl
         self.cl = cl
         self.plan = plan
+        submit.requested()              # a bad KILNET_ENQUEUE is refused before any device work
         self.device = devmod.select(device)
         self.np_dtype = NP_DTYPE[plan.dtype]
         self.item = np.dtype(self.np_dtype).itemsize
@@ -37,12 +42,14 @@ class Executor:
         self.ctx, self.queue, _ = dc = devmod.context(self.device)
         self.lock = threading.Lock()
         self._pending = []
+        self.bound = {}                 # filled below; the submitter reads it at run time
+        self.submit = submit.choose(self.device, self.queue, self.bound,
+                                    printf=any("printf" in s for s in plan.sources.values()))
         programs = {k: build(dc, k, src) for k, src in plan.sources.items()}
         kernels = {launch.name: cl.Kernel(programs[launch.kernel], launch.kernel)
                    for launch in plan.launches}
         self._check_kernels(kernels)
         self._alloc(poison)
-        self.bound = {}
         for launch in plan.launches:
             k = kernels[launch.name]
             for a in launch.args:
@@ -168,9 +175,10 @@ class Executor:
         self.queue.flush()
 
     def run(self, launches, after=None):
-        """Enqueue ``launches`` in order; ``after(launch)`` (debug) runs after each one. With
-        debug_buffers every launch is waited for and its buffers' guards checked."""
-        enqueue = self.cl.enqueue_nd_range_kernel
+        """Enqueue ``launches`` in order, through the submission path chosen for this executor;
+        ``after(launch)`` (debug) runs after each one. With debug_buffers every launch is waited
+        for and its buffers' guards checked. Launches waited for one at a time go through
+        pyopencl: the wait costs far more than the enqueue."""
         if self.plan.debug_buffers and self.guard:
             then = after
 
@@ -178,12 +186,15 @@ class Executor:
                 self._check_guards(launch)
                 if then is not None:
                     then(launch)
+        if after is None:
+            self.submit.run(launches)
+            return
+        enqueue = self.cl.enqueue_nd_range_kernel
         for launch in launches:
             k, g, loc = self.bound[launch.name]
             enqueue(self.queue, k, g, loc)
-            if after is not None:
-                self.queue.finish()
-                after(launch)
+            self.queue.finish()
+            after(launch)
 
     def _check_guards(self, launch):
         cl, n, item = self.cl, self.guard, self.item
