@@ -23,7 +23,8 @@ from ..runtime.program import cache_dir
 LANES = 64            # work-items per group of a launch with one work-item per element or row
 GROUP_LANES = 256     # the largest work-group that one row, segment or head gets
 CPU_VECTOR_LANES = 16  # ... when each work-item takes a vector in the CPU form (measured on PoCL)
-TK = 16               # k-depth of a GPU gemm tile (a template constant; the k-split counts in it)
+TK = 16               # k-depth of a general GPU gemm tile (gemm.cl.j2; the k-split counts in it)
+LARGE_TK = 8          # ... of the large-tile form (gemm_large.cl.j2)
 # CPU register blocks, chosen on PoCL (2-core EPYC) over W1 at batch 64 and W2 at batch 32
 # (benchmarks/vs_pytorch.py) among 4×2, 4×3, 2×4, 3×4, 4×4 and 4×1 … 8×1, 6×2:
 VEC_BLOCK_K = (4, 4)   # RM×RN vector accumulators in the k-vector form
@@ -37,6 +38,7 @@ class Schedule:
     an override, None means "the policy's choice"."""
     local: tuple = None   # work-group size; the global size is the work rounded up to it
     tiles: tuple = None   # (TM, TN, RM, RN): a GPU gemm group's output tile and a lane's block
+    depth: int = None     # TK: the k-depth of a GPU gemm tile
     block: tuple = None   # (RM, RN): a CPU gemm work-item's register block
     vector: int = None    # elements per explicit vector (CPU forms; 1 on GPUs)
     split: int = None     # k-slices (gemm) or row slices (reductions) summed by a second launch
@@ -47,7 +49,8 @@ class Schedule:
 
 
 # What an override may set, per family (the rest is derived from these or fixed by the template).
-TUNABLE = {"map": ("local",), "vector_map": ("local",), "group": ("local",), "gemm": ("tiles", "split"),
+TUNABLE = {"map": ("local",), "vector_map": ("local",), "group": ("local",),
+           "gemm": ("tiles", "depth", "split"),
            "gemv": ("local",), "gemm_vec": ("block", "local"), "column_sum": ("local",),
            "chunks": ("local",), "slices": ("split",)}
 
@@ -77,6 +80,47 @@ def tiles(M, N, compute_units=1):
     return TM, TN, 2, 2
 
 
+# The large-tile form's tiles, best first: (TM, TN, RM, RN), lanes of real4 blocks.
+LARGE_TILES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 64, 4, 4))
+
+
+def large_form(shape, tiles, depth):
+    """Whether a product runs as gemm_large.cl.j2: its operands are affine in their indices
+    (shape["affine"]), each lane's block is made of real4s, and a tile's loads are shared evenly
+    by the group's lanes (whole rows of depth for the k-contiguous operands)."""
+    TM, TN, RM, RN = tiles
+    lanes = (TM // RM) * (TN // RN)
+    return bool(shape.get("affine")) and RM % 4 == 0 and RN % 4 == 0 and \
+        (TM * depth) % lanes == 0 and (TN * depth) % lanes == 0 and lanes % depth == 0
+
+
+def gemm_local_bytes(shape, tiles, depth, dtype):
+    """Local memory of a GPU gemm group: two stages of rows padded by 4 in the large-tile form,
+    one stage padded by 1 in the general one."""
+    TM, TN = tiles[:2]
+    item = 8 if dtype == "double" else 4
+    if large_form(shape, tiles, depth):
+        return 2 * depth * (TM + TN + 8) * item
+    return depth * (TM + TN + 2) * item
+
+
+def gemm_tiles(target, shape, dtype):
+    """(tiles, depth) of a GPU gemm. Products of at least 64×64 whose operands allow it take the
+    large-tile form, with the biggest tile that still gives every compute unit a group and fits
+    the local memory; smaller ones keep the general form's ``tiles``."""
+    M, N = shape["M"], shape["N"]
+    if shape.get("affine") and M >= 64 and N >= 64:
+        fits = [t for t in LARGE_TILES
+                if gemm_local_bytes(shape, t, LARGE_TK, dtype) <= target.local_mem]
+        for t in fits:
+            TM, TN = t[:2]
+            if M >= TM and N >= TN and -(-M // TM) * -(-N // TN) >= target.compute_units:
+                return t, LARGE_TK
+        if fits:
+            return fits[-1], LARGE_TK
+    return tiles(M, N, target.compute_units), TK
+
+
 def policy(target, kind, dtype="float", **shape):
     """The default schedule of a launch of family ``kind`` (see ``TUNABLE``) on ``target``."""
     V = vector_width(target.kind, dtype)
@@ -85,9 +129,9 @@ def policy(target, kind, dtype="float", **shape):
                         vector=V if shape.get("vectors") else None)
     if kind == "vector_map":     # one work-item per vector of V elements
         return Schedule(local=(CPU_VECTOR_LANES if V > 1 else LANES,), vector=V)
-    if kind == "gemm":           # shape: M, N, K, groups_of(tiles) -> groups, splittable
-        t = tiles(shape["M"], shape["N"], target.compute_units)
-        return Schedule(tiles=t, split=_gemm_split(target, shape, t))
+    if kind == "gemm":           # shape: M, N, K, splittable, affine
+        t, depth = gemm_tiles(target, shape, dtype)
+        return Schedule(tiles=t, depth=depth, split=_gemm_split(target, shape, t, depth))
     if kind == "gemv":
         L = min(128, pow2_at_least(shape["K"], 128))
         return Schedule(local=(L, 1, 1))
@@ -122,12 +166,12 @@ def _vec_local(shape, block, V):
     return (min(CPU_GEMM_LANES, pow2_at_least(gx, CPU_GEMM_LANES)), 1, 1)
 
 
-def _gemm_split(target, shape, t):
+def _gemm_split(target, shape, t, depth):
     if not shape.get("splittable"):
         return 1
     TM, TN = t[:2]
     groups = -(-shape["M"] // TM) * -(-shape["N"] // TN)
-    return two_per_unit(target, groups, shape["K"] // (8 * TK))
+    return two_per_unit(target, groups, shape["K"] // (8 * depth))
 
 
 def choose(target, kind, name, dtype="float", **shape):
@@ -151,11 +195,11 @@ def choose(target, kind, name, dtype="float", **shape):
     if kind == "gemm" and s.split > 1 and not shape.get("splittable"):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'split' needs "
                            f"a product at batch 1 with one contiguous output")
-    _check(target, kind, name, key, s, dtype, len(base.local or ()))
+    _check(target, kind, name, key, s, dtype, len(base.local or ()), shape)
     return s
 
 
-def _check(target, kind, name, key, s, dtype, dims):
+def _check(target, kind, name, key, s, dtype, dims, shape):
     def bad(field, why):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field {field!r} {why}")
     if s.local is not None:
@@ -176,9 +220,9 @@ def _check(target, kind, name, key, s, dtype, dims):
         if (TM // RM) * (TN // RN) > target.max_work_group:
             bad("tiles", f"{s.tiles} needs {(TM // RM) * (TN // RN)} work-items per group; the "
                          f"device allows {target.max_work_group}")
-        item = 8 if dtype == "double" else 4
-        if TK * (TM + TN + 2) * item > target.local_mem:
-            bad("tiles", f"{s.tiles} needs {TK * (TM + TN + 2) * item} bytes of local memory; "
+        need = gemm_local_bytes(shape, s.tiles, s.depth, dtype)
+        if need > target.local_mem:
+            bad("tiles", f"{s.tiles} at depth {s.depth} needs {need} bytes of local memory; "
                          f"the device has {target.local_mem}")
 
 
@@ -223,7 +267,7 @@ def parse_table(raw, source="schedule table"):
             where = f"{source}: entry {key!r}, field {field!r}"
             if field not in known:
                 raise CompileError(f"{where} is unknown (known: {', '.join(sorted(known))})")
-            if field in ("vector", "split"):
+            if field in ("vector", "split", "depth"):
                 if not _positive(v):
                     raise CompileError(f"{where} must be an int >= 1, got {v!r}")
             else:

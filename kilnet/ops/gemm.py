@@ -5,7 +5,7 @@ The op states its product as index expressions; this module picks the kernel for
 and the k-split (compiler/schedule.py). Each function returns a list of kernels.
 """
 from ..compiler import symbolic
-from ..compiler.schedule import TK
+from ..compiler.schedule import large_form
 from . import index
 from .base import kernel, out as written, round_up
 from .index import b, k, m, n
@@ -35,21 +35,32 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     _epilogue(consts, buffers, accumulate, bias, act, z, dscale)
     if ctx.target.kind == "cpu":
         return _vector_gemm(ctx, step, consts, buffers, batch)
-    if M <= GEMV_ROWS and a_kfast and not b_nfast and not a_pred and dscale is None:
+    if M <= GEMV_ROWS and a_kfast and not b_nfast and a_pred is None and dscale is None:
         s = ctx.schedule(step, "gemv", K=K)
         return [kernel(step, "gemv", dict(consts, L=s.local[0]), buffers,
                        (N * s.local[0], 1, batch), s.local)]
     # The slices' partial products are summed per output element by a column sum that then
     # applies the epilogue, so the output must be one contiguous M×N block (b is 0 at batch 1).
     splittable = batch == 1 and index.is_rows_of(c_idx, N)
-    s = ctx.schedule(step, "gemm", M=M, N=N, K=K, splittable=splittable)
+    # The large-tile form steps through k by adding a constant stride to each address.
+    sa, sb = index.strides(a_idx, (m, k)), index.strides(b_idx, (k, n))
+    shape = dict(M=M, N=N, K=K, splittable=splittable,
+                 affine=a_pred is None and sa is not None and sb is not None)
+    s = ctx.schedule(step, "gemm", **shape)
     TM, TN, RM, RN = s.tiles
+    TK = s.depth
     consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN, KC=K, split=False)
+    template = "gemm"
+    if large_form(shape, s.tiles, TK):
+        template = "gemm_large"
+        # Each operand is loaded along its contiguous dimension.
+        consts.update(SA=sa[k], SB=sb[k], a_kfast=abs(sa[k]) <= abs(sa[m]),
+                      b_nfast=abs(sb[n]) <= abs(sb[k]))
     local = (TN // RN, TM // RM, 1)
     split = s.split
     if split == 1:
         glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch)
-        return [kernel(step, "gemm", consts, buffers, glob, local)]
+        return [kernel(step, template, consts, buffers, glob, local)]
     # Split-K: few output tiles but a long k (dense layers at small batches, weight gradients
     # summed over a large batch). Each z-slice sums one range of k into its own partial product;
     # a column sum adds the slices and applies bias, activation and the stored pre-activation.
@@ -62,7 +73,7 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     slices = {"a": a, "w": w, "out": partial}
     _epilogue(consts, slices, False, None, "none", None, None)
     glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
-    return [kernel(step, "gemm", consts, slices, glob, local)] + \
+    return [kernel(step, template, consts, slices, glob, local)] + \
         column_sum(ctx, f"{step}_reduce", rows=split, cols=M * N, src=partial, out=out,
                    accumulate=accumulate, bias=bias, bias_period=N, act=act, z=z, dscale=dscale)
 
