@@ -34,12 +34,11 @@ SHAPES = {   # name: (rows, n_in, n_out)
 }
 PRODUCTS = ("forward", "backward_input", "backward_weight")
 SWEEP = {    # variants per shape (the policy's choice is always timed first)
-    "GEMM-4096": [dict(tiles=[128, 128, 8, 8], depth=16), dict(tiles=[128, 64, 8, 4]),
-                  dict(tiles=[64, 64, 8, 8])],
-    "W1-dense0": [dict(tiles=t, split=s) for t in ([128, 128, 8, 8], [128, 64, 8, 4],
-                                                   [64, 64, 8, 8], [64, 64, 4, 4])
-                  for s in (1, 2, 4)],
-    "W1-head": [dict(tiles=t, split=s) for t in ([64, 64, 4, 4], [32, 32, 4, 4]) for s in (1, 4)],
+    "GEMM-4096": [dict(tiles=[128, 128, 8, 8], depth=16), dict(tiles=[128, 64, 8, 4], depth=16)],
+    "W1-dense0": [dict(tiles=[128, 64, 8, 4], depth=16), dict(tiles=[128, 128, 8, 8], split=2),
+                  dict(tiles=[128, 64, 8, 4], split=2), dict(tiles=[64, 64, 8, 8], split=1),
+                  dict(tiles=[64, 64, 8, 8], split=2), dict(tiles=[64, 64, 8, 8], split=4)],
+    "W1-head": [dict(tiles=[32, 32, 4, 4], split=4)],
 }
 SWEEP["W1-dense1"] = SWEEP["W1-dense0"]
 

@@ -81,17 +81,19 @@ def tiles(M, N, compute_units=1):
 
 
 # The large-tile form's tiles, best first: (TM, TN, RM, RN), lanes of real4 blocks.
-LARGE_TILES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 64, 4, 4))
+LARGE_TILES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 64, 8, 8), (64, 64, 4, 4), (32, 32, 4, 4))
+FILL = 0.75           # the least share of the compute units a product's last round of groups fills
 
 
 def large_form(shape, tiles, depth):
     """Whether a product runs as gemm_large.cl.j2: its operands are affine in their indices
-    (shape["affine"]), each lane's block is made of real4s, and a tile's loads are shared evenly
-    by the group's lanes (whole rows of depth for the k-contiguous operands)."""
+    (shape["affine"]), each lane's block is made of real4s, and the group's lanes share a tile's
+    loads evenly, whole rows of it (of depth, or of TM or TN) at a time."""
     TM, TN, RM, RN = tiles
     lanes = (TM // RM) * (TN // RN)
     return bool(shape.get("affine")) and RM % 4 == 0 and RN % 4 == 0 and \
-        (TM * depth) % lanes == 0 and (TN * depth) % lanes == 0 and lanes % depth == 0
+        (TM * depth) % lanes == 0 and (TN * depth) % lanes == 0 and \
+        lanes % depth == 0 and lanes % TM == 0 and lanes % TN == 0
 
 
 def gemm_local_bytes(shape, tiles, depth, dtype):
@@ -104,21 +106,31 @@ def gemm_local_bytes(shape, tiles, depth, dtype):
     return depth * (TM + TN + 2) * item
 
 
-def gemm_tiles(target, shape, dtype):
-    """(tiles, depth) of a GPU gemm. Products of at least 64×64 whose operands allow it take the
-    large-tile form, with the biggest tile that still gives every compute unit a group and fits
-    the local memory; smaller ones keep the general form's ``tiles``."""
-    M, N = shape["M"], shape["N"]
-    if shape.get("affine") and M >= 64 and N >= 64:
-        fits = [t for t in LARGE_TILES
-                if gemm_local_bytes(shape, t, LARGE_TK, dtype) <= target.local_mem]
-        for t in fits:
-            TM, TN = t[:2]
-            if M >= TM and N >= TN and -(-M // TM) * -(-N // TN) >= target.compute_units:
-                return t, LARGE_TK
+def gemm_schedule(target, shape, dtype):
+    """A GPU gemm's tiles, depth and k-split. Products of at least 32×32 whose operands allow it
+    take the large-tile form: the biggest tile that, split along k as little as possible, keeps
+    the compute units busy through its last round of groups (measured on an H200,
+    benchmarks/gemm_shapes.py: W1's 1024×1000×1000 products ran at 26 TFLOP/s in 128×64 tiles,
+    17 in 128×128 ones, which leave half the units idle, 25 in 128×128 ones split in two).
+    Other products keep the general form's ``tiles``."""
+    M, N, K = shape["M"], shape["N"], shape["K"]
+    if shape.get("affine") and M >= 32 and N >= 32:
+        small = min(M, N) < 64
+        fits = [t for t in LARGE_TILES if t[0] <= M and t[1] <= N and (small or t[0] >= 64)
+                and gemm_local_bytes(shape, t, LARGE_TK, dtype) <= target.local_mem]
+        splits = [s for s in (1, 2, 4) if s == 1 or
+                  (shape.get("splittable") and K >= s * 8 * LARGE_TK)]
+        units = target.compute_units
+        for split in splits:
+            for t in fits:
+                groups = -(-M // t[0]) * -(-N // t[1]) * split
+                if groups >= FILL * -(-groups // units) * units:
+                    return Schedule(tiles=t, depth=LARGE_TK, split=split)
         if fits:
-            return fits[-1], LARGE_TK
-    return tiles(M, N, target.compute_units), TK
+            t = fits[-1]
+            return Schedule(tiles=t, depth=LARGE_TK, split=_gemm_split(target, shape, t, LARGE_TK))
+    t = tiles(M, N, target.compute_units)
+    return Schedule(tiles=t, depth=TK, split=_gemm_split(target, shape, t, TK))
 
 
 def policy(target, kind, dtype="float", **shape):
@@ -130,8 +142,7 @@ def policy(target, kind, dtype="float", **shape):
     if kind == "vector_map":     # one work-item per vector of V elements
         return Schedule(local=(CPU_VECTOR_LANES if V > 1 else LANES,), vector=V)
     if kind == "gemm":           # shape: M, N, K, splittable, affine
-        t, depth = gemm_tiles(target, shape, dtype)
-        return Schedule(tiles=t, depth=depth, split=_gemm_split(target, shape, t, depth))
+        return gemm_schedule(target, shape, dtype)
     if kind == "gemv":
         L = min(128, pow2_at_least(shape["K"], 128))
         return Schedule(local=(L, 1, 1))

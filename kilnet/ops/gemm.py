@@ -54,8 +54,8 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     if large_form(shape, s.tiles, TK):
         template = "gemm_large"
         # Each operand is loaded along its contiguous dimension.
-        consts.update(SA=sa[k], SB=sb[k], a_kfast=abs(sa[k]) <= abs(sa[m]),
-                      b_nfast=abs(sb[n]) <= abs(sb[k]))
+        consts.update(SA=sa[k], SB=sb[k], SAM=sa[m], SBN=sb[n],
+                      a_kfast=abs(sa[k]) <= abs(sa[m]), b_nfast=abs(sb[n]) <= abs(sb[k]))
     local = (TN // RN, TM // RM, 1)
     split = s.split
     if split == 1:
