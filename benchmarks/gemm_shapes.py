@@ -34,8 +34,8 @@ SHAPES = {   # name: (rows, n_in, n_out)
 }
 PRODUCTS = ("forward", "backward_input", "backward_weight")
 SWEEP = {    # variants per shape (the policy's choice is always timed first)
-    "GEMM-4096": [dict(tiles=[128, 128, 8, 8], depth=16), dict(tiles=[128, 64, 8, 4], depth=16)],
-    "W1-dense0": [dict(tiles=[128, 64, 8, 4], depth=16), dict(tiles=[128, 128, 8, 8], split=2),
+    "GEMM-4096": [dict(tiles=[128, 128, 8, 8], depth=8), dict(tiles=[128, 64, 8, 4])],
+    "W1-dense0": [dict(tiles=[128, 64, 8, 4], depth=8), dict(tiles=[128, 128, 8, 8], split=2),
                   dict(tiles=[128, 64, 8, 4], split=2), dict(tiles=[64, 64, 8, 8], split=1),
                   dict(tiles=[64, 64, 8, 8], split=2), dict(tiles=[64, 64, 8, 8], split=4)],
     "W1-head": [dict(tiles=[32, 32, 4, 4], split=4)],

@@ -24,7 +24,8 @@ LANES = 64            # work-items per group of a launch with one work-item per 
 GROUP_LANES = 256     # the largest work-group that one row, segment or head gets
 CPU_VECTOR_LANES = 16  # ... when each work-item takes a vector in the CPU form (measured on PoCL)
 TK = 16               # k-depth of a general GPU gemm tile (gemm.cl.j2; the k-split counts in it)
-LARGE_TK = 8          # ... of the large-tile form (gemm_large.cl.j2)
+LARGE_TK = 16         # ... of the large-tile form (gemm_large.cl.j2; 4096³ on an H200: 46 TFLOP/s,
+#                       40-45 at depth 8)
 # CPU register blocks, chosen on PoCL (2-core EPYC) over W1 at batch 64 and W2 at batch 32
 # (benchmarks/vs_pytorch.py) among 4×2, 4×3, 2×4, 3×4, 4×4 and 4×1 … 8×1, 6×2:
 VEC_BLOCK_K = (4, 4)   # RM×RN vector accumulators in the k-vector form
@@ -82,7 +83,7 @@ def tiles(M, N, compute_units=1):
 
 # The large-tile form's tiles, best first: (TM, TN, RM, RN), lanes of real4 blocks.
 LARGE_TILES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 64, 8, 8), (64, 64, 4, 4), (32, 32, 4, 4))
-FILL = 0.75           # the least share of the compute units a product's last round of groups fills
+FILL = 0.9            # the least share of the compute units a product's last round of groups fills
 
 
 def large_form(shape, tiles, depth):
@@ -109,9 +110,11 @@ def gemm_local_bytes(shape, tiles, depth, dtype):
 def gemm_schedule(target, shape, dtype):
     """A GPU gemm's tiles, depth and k-split. Products of at least 32×32 whose operands allow it
     take the large-tile form: the biggest tile that, split along k as little as possible, keeps
-    the compute units busy through its last round of groups (measured on an H200,
-    benchmarks/gemm_shapes.py: W1's 1024×1000×1000 products ran at 26 TFLOP/s in 128×64 tiles,
-    17 in 128×128 ones, which leave half the units idle, 25 in 128×128 ones split in two).
+    the compute units busy through its last round of groups. Measured on an H200 at depth 8
+    (benchmarks/gemm_shapes.py): W1's 1024×1000×1000 products ran at 26 TFLOP/s in 128×64 tiles,
+    17 in 128×128 ones, which leave half the units idle, 25 in 128×128 ones split in two; the
+    1024×1088×1000 ones (136 groups of 128×64 on 132 units) at 18, and at 25 in 64×64 tiles
+    split in four.
     Other products keep the general form's ``tiles``."""
     M, N, K = shape["M"], shape["N"], shape["K"]
     if shape.get("affine") and M >= 32 and N >= 32:
