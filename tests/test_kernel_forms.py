@@ -24,7 +24,24 @@ CASES = {
     # 128×128 tiles with 8×8 blocks (130 × 131) and 128×64 with 8×4 (130 × 67), both ragged
     "huge": (130, (5,), lambda x: kn.dense(kn.dense(x, 131, activation="tanh"), 67)),
     "edges": (13, (3, 11), lambda x: kn.dense(kn.dense(x, 33, activation="gelu"), 17, bias=False)),
+    # the large-tile form at odd sizes (k = 65 and a batch of 133 leave partial k-tiles): x's
+    # gradient accumulates over two products, the inner layer's derivative is applied as its
+    # input gradient is stored (dscale)
+    "accumulate": (133, (65,), lambda x: kn.concat(
+        kn.dense(kn.dense(x, 70, activation="tanh"), 66), kn.dense(x, 67, activation="gelu"))),
 }
+
+
+def forms(model):
+    """{launch name: "large" | "general"} of the model's GPU products."""
+    out = {}
+    for launch in model.plan.launches:
+        src = model.plan.sources[launch.kernel]
+        if "__local real4 As[2]" in src:
+            out[launch.name] = "large"
+        elif "__local real As[" in src:
+            out[launch.name] = "general"
+    return out
 
 CPU_IMPLEMENTATIONS = sorted({d["implementation"] for d in kn.devices(check=True)
                               if "CPU" in d["type"] and d["builds"] is None})
@@ -63,6 +80,14 @@ def test_tiled_and_vector_forms_agree(monkeypatch, case):
         np.testing.assert_allclose(gg[k], gc[k], rtol=1e-10, atol=1e-12, err_msg=k)
     if case == "split_k":
         assert any(k.name.endswith("backward_weight_reduce") for k in mg.kernels)
+    if case == "accumulate":
+        f = forms(mg)
+        assert {f[f"dense_{i}.{s}"] for i in (1, 2, 3) for s in ("forward", "backward_weight")} \
+            == {"large"}
+        assert f["dense_1.backward_input"] == f["dense_3.backward_input"] == "large"
+    if case == "conv":       # a masked A (a_pred) and quotients in B take the general form
+        f = forms(mg)
+        assert f["conv1d_2.backward_input"] == f["conv1d_2.backward_weight"] == "general"
 
 
 def test_split_k_matches_numpy(monkeypatch):
@@ -80,30 +105,35 @@ def test_split_k_matches_numpy(monkeypatch):
     np.testing.assert_allclose(grads["dense_1.bias"], dz.sum(0), rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("batch,split", [(1, "conv1d_2.backward_input_reduce"),
-                                         (9, "dense_1.forward_reduce")])
-def test_many_compute_units_agree(monkeypatch, batch, split):
-    """The GPU form as an H200 (132 compute units) compiles it: at batch 1 long products get
-    split along k, including a stacked conv1d's input gradient at batch 1 (a strided output) and
-    a dense forward whose bias, activation and stored pre-activation follow the slices' sum.
-    (A PoCL device has too few compute units to reach these branches.)"""
+def convs(x):
+    x = kn.conv1d(kn.conv1d(x, 32, 3, activation="leaky_relu"), 300, 1)
+    return kn.dense(kn.dense(x, 40, activation="tanh"), 7)
+
+
+@pytest.mark.parametrize("batch,shape,build,split,form", [
+    (1, (12, 9), convs, "conv1d_2.backward_input_reduce", "general"),
+    (9, (12, 9), convs, "dense_1.forward_reduce", "general"),
+    (100, (700,), lambda x: kn.dense(x, 96, activation="tanh"), "dense_1.forward_reduce", "large"),
+])
+def test_many_compute_units_agree(monkeypatch, batch, shape, build, split, form):
+    """The GPU form as an H200 (132 compute units) compiles it: products with few output tiles
+    get split along k, including a stacked conv1d's input gradient at batch 1 (a strided output)
+    and dense forwards whose bias, activation and stored pre-activation follow the slices' sum,
+    in both GPU forms. (A PoCL device has too few compute units to reach these branches.)"""
     import dataclasses
 
     from kilnet.compiler import target
     of = target.Target.of
     monkeypatch.setattr(target.Target, "of", classmethod(
         lambda cls, d: dataclasses.replace(of(d), compute_units=132)))
-
-    def build(x):
-        x = kn.conv1d(kn.conv1d(x, 32, 3, activation="leaky_relu"), 300, 1)
-        return kn.dense(kn.dense(x, 40, activation="tanh"), 7)
-    CASES["h200"] = (batch, (12, 9), build)
+    CASES["h200"] = (batch, shape, build)
     try:
         mg, yg, gg = run(monkeypatch, "gpu", "h200")
         _, yc, gc = run(monkeypatch, "cpu", "h200")
     finally:
         del CASES["h200"]
     assert split in {k.name for k in mg.kernels}                    # split-K really ran
+    assert forms(mg)[split[:-len("_reduce")]] == form
     np.testing.assert_allclose(yg, yc, rtol=1e-12, atol=1e-12)
     for k in gg:
         np.testing.assert_allclose(gg[k], gc[k], rtol=1e-10, atol=1e-12, err_msg=k)

@@ -44,11 +44,12 @@ OVERRIDES = {
              "dense_1.backward_weight": {"block": [3, 1]},
              "map": {"local": [16]}},
             {"dense_1.forward": (2, 1, 1), "activation_1.forward": (16,)}),
-    # GPU form (forced on the CPU device): tiles, a k-split and the column sums' groups
+    # GPU form (forced on the CPU device): tiles, a k-split and the column sums' groups; the
+    # weight gradient in the large-tile form at another depth
     "gpu": ({"dense_2.backward_input": {"tiles": [16, 16, 2, 1]},
-             "dense_1.backward_weight": {"tiles": [32, 16, 4, 2], "split": 3},
+             "dense_1.backward_weight": {"tiles": [32, 16, 4, 4], "depth": 4, "split": 3},
              "column_sum": {"local": [8, 4]}},
-            {"dense_2.backward_input": (16, 8, 1), "dense_1.backward_weight": (8, 8, 1),
+            {"dense_2.backward_input": (16, 8, 1), "dense_1.backward_weight": (4, 8, 1),
              "dense_1.backward_bias": (8, 4)}),
 }
 
@@ -65,6 +66,9 @@ def test_override_changes_launches_not_results(monkeypatch, tmp_path, kind, batc
             assert local(m0, name) != size
     if kind == "gpu" and batch == 1:     # the k-split adds a column sum over the slices
         assert any(k.name == "dense_1.backward_weight_reduce" for k in m1.kernels)
+    if kind == "gpu":
+        [launch] = [x for x in m1.plan.launches if x.name == "dense_1.backward_weight"]
+        assert "__local real4 As[2][4]" in m1.plan.sources[launch.kernel]   # large form, depth 4
     np.testing.assert_allclose(y1, y0, rtol=1e-12, atol=1e-12)
     for key in g0:
         np.testing.assert_allclose(g1[key], g0[key], rtol=1e-11, atol=1e-12)
@@ -102,6 +106,8 @@ def test_bad_entry_is_refused(monkeypatch, tmp_path, table, words):
     ({"dense_1.backward_weight": {"tiles": [32, 16, 3, 2]}},
      ["'dense_1.backward_weight'", "'tiles'", "divide"]),
     ({"gemm": {"tiles": [512, 512, 1, 1]}}, ["'gemm'", "'tiles'", "work-items"]),
+    ({"gemm": {"tiles": [128, 128, 8, 8], "depth": 256}}, ["'gemm'", "'tiles'", "local memory"]),
+    ({"gemm": {"depth": 0}}, ["'gemm'", "'depth'", ">= 1"]),
     ({"column_sum": {"local": [8, 3]}}, ["'column_sum'", "'local'", "powers of two"]),
     ({"conv1d_1.forward": {"split": 4}}, ["'conv1d_1.forward'", "'split'", "batch 1"]),
 ])

@@ -23,7 +23,9 @@ from ..runtime.program import cache_dir
 LANES = 64            # work-items per group of a launch with one work-item per element or row
 GROUP_LANES = 256     # the largest work-group that one row, segment or head gets
 CPU_VECTOR_LANES = 16  # ... when each work-item takes a vector in the CPU form (measured on PoCL)
-TK = 16               # k-depth of a GPU gemm tile (a template constant; the k-split counts in it)
+TK = 16               # k-depth of a general GPU gemm tile (gemm.cl.j2; the k-split counts in it)
+LARGE_TK = 16         # ... of the large-tile form (gemm_large.cl.j2; 4096³ on an H200: 46 TFLOP/s,
+#                       40-45 at depth 8)
 # CPU register blocks, chosen on PoCL (2-core EPYC) over W1 at batch 64 and W2 at batch 32
 # (benchmarks/vs_pytorch.py) among 4×2, 4×3, 2×4, 3×4, 4×4 and 4×1 … 8×1, 6×2:
 VEC_BLOCK_K = (4, 4)   # RM×RN vector accumulators in the k-vector form
@@ -37,6 +39,7 @@ class Schedule:
     an override, None means "the policy's choice"."""
     local: tuple = None   # work-group size; the global size is the work rounded up to it
     tiles: tuple = None   # (TM, TN, RM, RN): a GPU gemm group's output tile and a lane's block
+    depth: int = None     # TK: the k-depth of a GPU gemm tile
     block: tuple = None   # (RM, RN): a CPU gemm work-item's register block
     vector: int = None    # elements per explicit vector (CPU forms; 1 on GPUs)
     split: int = None     # k-slices (gemm) or row slices (reductions) summed by a second launch
@@ -47,7 +50,8 @@ class Schedule:
 
 
 # What an override may set, per family (the rest is derived from these or fixed by the template).
-TUNABLE = {"map": ("local",), "vector_map": ("local",), "group": ("local",), "gemm": ("tiles", "split"),
+TUNABLE = {"map": ("local",), "vector_map": ("local",), "group": ("local",),
+           "gemm": ("tiles", "depth", "split"),
            "gemv": ("local",), "gemm_vec": ("block", "local"), "column_sum": ("local",),
            "chunks": ("local",), "slices": ("split",)}
 
@@ -77,6 +81,61 @@ def tiles(M, N, compute_units=1):
     return TM, TN, 2, 2
 
 
+# The large-tile form's tiles, best first: (TM, TN, RM, RN), lanes of real4 blocks.
+LARGE_TILES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 64, 8, 8), (64, 64, 4, 4), (32, 32, 4, 4))
+FILL = 0.9            # the least share of the compute units a product's last round of groups fills
+
+
+def large_form(shape, tiles, depth):
+    """Whether a product runs as gemm_large.cl.j2: its operands are affine in their indices
+    (shape["affine"]), each lane's block is made of real4s, and the group's lanes share a tile's
+    loads evenly, whole rows of it (of depth, or of TM or TN) at a time."""
+    TM, TN, RM, RN = tiles
+    lanes = (TM // RM) * (TN // RN)
+    return bool(shape.get("affine")) and RM % 4 == 0 and RN % 4 == 0 and \
+        (TM * depth) % lanes == 0 and (TN * depth) % lanes == 0 and \
+        lanes % depth == 0 and lanes % TM == 0 and lanes % TN == 0
+
+
+def gemm_local_bytes(shape, tiles, depth, dtype):
+    """Local memory of a GPU gemm group: two stages of rows padded by 4 in the large-tile form,
+    one stage padded by 1 in the general one."""
+    TM, TN = tiles[:2]
+    item = 8 if dtype == "double" else 4
+    if large_form(shape, tiles, depth):
+        return 2 * depth * (TM + TN + 8) * item
+    return depth * (TM + TN + 2) * item
+
+
+def gemm_schedule(target, shape, dtype):
+    """A GPU gemm's tiles, depth and k-split. Products of at least 32×32 whose operands allow it
+    take the large-tile form: the biggest tile that, split along k as little as possible, keeps
+    the compute units busy through its last round of groups. Measured on an H200 at depth 8
+    (benchmarks/gemm_shapes.py): W1's 1024×1000×1000 products ran at 26 TFLOP/s in 128×64 tiles,
+    17 in 128×128 ones, which leave half the units idle, 25 in 128×128 ones split in two; the
+    1024×1088×1000 ones (136 groups of 128×64 on 132 units) at 18, and at 25 in 64×64 tiles
+    split in four.
+    Other products keep the general form's ``tiles``."""
+    M, N, K = shape["M"], shape["N"], shape["K"]
+    if shape.get("affine") and M >= 32 and N >= 32:
+        small = min(M, N) < 64
+        fits = [t for t in LARGE_TILES if t[0] <= M and t[1] <= N and (small or t[0] >= 64)
+                and gemm_local_bytes(shape, t, LARGE_TK, dtype) <= target.local_mem]
+        splits = [s for s in (1, 2, 4) if s == 1 or
+                  (shape.get("splittable") and K >= s * 8 * LARGE_TK)]
+        units = target.compute_units
+        for split in splits:
+            for t in fits:
+                groups = -(-M // t[0]) * -(-N // t[1]) * split
+                if groups >= FILL * -(-groups // units) * units:
+                    return Schedule(tiles=t, depth=LARGE_TK, split=split)
+        if fits:
+            t = fits[-1]
+            return Schedule(tiles=t, depth=LARGE_TK, split=_gemm_split(target, shape, t, LARGE_TK))
+    t = tiles(M, N, target.compute_units)
+    return Schedule(tiles=t, depth=TK, split=_gemm_split(target, shape, t, TK))
+
+
 def policy(target, kind, dtype="float", **shape):
     """The default schedule of a launch of family ``kind`` (see ``TUNABLE``) on ``target``."""
     V = vector_width(target.kind, dtype)
@@ -85,9 +144,8 @@ def policy(target, kind, dtype="float", **shape):
                         vector=V if shape.get("vectors") else None)
     if kind == "vector_map":     # one work-item per vector of V elements
         return Schedule(local=(CPU_VECTOR_LANES if V > 1 else LANES,), vector=V)
-    if kind == "gemm":           # shape: M, N, K, groups_of(tiles) -> groups, splittable
-        t = tiles(shape["M"], shape["N"], target.compute_units)
-        return Schedule(tiles=t, split=_gemm_split(target, shape, t))
+    if kind == "gemm":           # shape: M, N, K, splittable, affine
+        return gemm_schedule(target, shape, dtype)
     if kind == "gemv":
         L = min(128, pow2_at_least(shape["K"], 128))
         return Schedule(local=(L, 1, 1))
@@ -122,12 +180,12 @@ def _vec_local(shape, block, V):
     return (min(CPU_GEMM_LANES, pow2_at_least(gx, CPU_GEMM_LANES)), 1, 1)
 
 
-def _gemm_split(target, shape, t):
+def _gemm_split(target, shape, t, depth):
     if not shape.get("splittable"):
         return 1
     TM, TN = t[:2]
     groups = -(-shape["M"] // TM) * -(-shape["N"] // TN)
-    return two_per_unit(target, groups, shape["K"] // (8 * TK))
+    return two_per_unit(target, groups, shape["K"] // (8 * depth))
 
 
 def choose(target, kind, name, dtype="float", **shape):
@@ -151,11 +209,11 @@ def choose(target, kind, name, dtype="float", **shape):
     if kind == "gemm" and s.split > 1 and not shape.get("splittable"):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'split' needs "
                            f"a product at batch 1 with one contiguous output")
-    _check(target, kind, name, key, s, dtype, len(base.local or ()))
+    _check(target, kind, name, key, s, dtype, len(base.local or ()), shape)
     return s
 
 
-def _check(target, kind, name, key, s, dtype, dims):
+def _check(target, kind, name, key, s, dtype, dims, shape):
     def bad(field, why):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field {field!r} {why}")
     if s.local is not None:
@@ -176,9 +234,9 @@ def _check(target, kind, name, key, s, dtype, dims):
         if (TM // RM) * (TN // RN) > target.max_work_group:
             bad("tiles", f"{s.tiles} needs {(TM // RM) * (TN // RN)} work-items per group; the "
                          f"device allows {target.max_work_group}")
-        item = 8 if dtype == "double" else 4
-        if TK * (TM + TN + 2) * item > target.local_mem:
-            bad("tiles", f"{s.tiles} needs {TK * (TM + TN + 2) * item} bytes of local memory; "
+        need = gemm_local_bytes(shape, s.tiles, s.depth, dtype)
+        if need > target.local_mem:
+            bad("tiles", f"{s.tiles} at depth {s.depth} needs {need} bytes of local memory; "
                          f"the device has {target.local_mem}")
 
 
@@ -223,7 +281,7 @@ def parse_table(raw, source="schedule table"):
             where = f"{source}: entry {key!r}, field {field!r}"
             if field not in known:
                 raise CompileError(f"{where} is unknown (known: {', '.join(sorted(known))})")
-            if field in ("vector", "split"):
+            if field in ("vector", "split", "depth"):
                 if not _positive(v):
                     raise CompileError(f"{where} must be an int >= 1, got {v!r}")
             else:

@@ -4,11 +4,14 @@ out[u, f] = act(b[f] + Σ_k Σ_c W[f, k, c]·x[u·step + k, c]), no padding. Bec
 taps of one output are contiguous in x, the forward pass is a GEMM whose rows overlap (an implicit
 im2col with row stride step·C); both gradients are GEMMs too.
 """
+import sympy as sp
+
 from ..compiler import symbolic
 from ..graph import graph_of
 from .base import Op, Param, int_attr, keeps_preactivation, need, register
 from .activation import scale_by_derivative
 from .gemm import column_sum, gemm
+from .index import b, k, m, n
 
 
 def conv1d(x, filters, window, step=1, activation=None, name=None):
@@ -49,8 +52,8 @@ class Conv1d(Op):
     def forward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
         return gemm(ctx, "forward", M=Uo, N=F, K=W * C, batch=ctx.batch, a=ctx.x(0), w=ctx.p("weight"),
-                    out=ctx.y, a_idx=f"b*{U * C} + m*{S * C} + k", b_idx=f"n*{W * C} + k",
-                    c_idx=f"b*{Uo * F} + m*{F} + n", a_kfast=True, b_nfast=False,
+                    out=ctx.y, a_idx=b * (U * C) + m * (S * C) + k, b_idx=n * (W * C) + k,
+                    c_idx=b * (Uo * F) + m * F + n, a_kfast=True, b_nfast=False,
                     bias=ctx.p("bias"), act=act, z=ctx.preactivation() if ctx.training else None)
 
     def backward(self, node, ctx):
@@ -60,18 +63,18 @@ class Conv1d(Op):
         if ctx.dx(0):
             # dX[b, i, c] = Σ_{j, f} dZ[b, (i − j)/S, f]·W[f, j, c] over taps j where (i − j) is a
             # multiple of S inside [0, Uo·S): a GEMM over k = (j, f) with a predicate on A.
-            u = f"(m - k/{F})"
-            pred = f"{u} >= 0 && {u} < {Uo * S}" + (f" && {u} % {S} == 0" if S > 1 else "")
+            u = m - k // F
+            pred = sp.And(u >= 0, u < Uo * S, sp.Eq(u % S, 0) if S > 1 else sp.true)
             ks += gemm(ctx, "backward_input", M=U, N=C, K=W * F, batch=B, a=ctx.dy,
                        w=ctx.p("weight"), out=ctx.dx(0),
-                       a_idx=f"b*{Uo * F} + ({u}/{S})*{F} + k%{F}", a_pred=pred,
-                       b_idx=f"(k%{F})*{W * C} + (k/{F})*{C} + n", c_idx=f"b*{U * C} + m*{C} + n",
+                       a_idx=b * (Uo * F) + (u // S) * F + k % F, a_pred=pred,
+                       b_idx=(k % F) * (W * C) + (k // F) * C + n, c_idx=b * (U * C) + m * C + n,
                        a_kfast=True, b_nfast=True, accumulate=ctx.acc(0),
                        dscale=ctx.dx_scale(0))
         # dW[f, (j, c)] = Σ_{b, u} dZ[b, u, f]·x[b, u·S + j, c]: a GEMM over k = (b, u).
         ks += gemm(ctx, "backward_weight", M=F, N=W * C, K=B * Uo, a=ctx.dy, w=ctx.x(0),
-                   out=ctx.dp("weight"), a_idx=f"k*{F} + m",
-                   b_idx=f"(k/{Uo})*{U * C} + (k%{Uo})*{S * C} + n", c_idx=f"m*{W * C} + n",
+                   out=ctx.dp("weight"), a_idx=k * F + m,
+                   b_idx=(k // Uo) * (U * C) + (k % Uo) * (S * C) + n, c_idx=m * (W * C) + n,
                    a_kfast=False, b_nfast=True)
         ks += column_sum(ctx, "backward_bias", rows=B * Uo, cols=F, src=ctx.dy, out=ctx.dp("bias"))
         return ks

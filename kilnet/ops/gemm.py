@@ -4,11 +4,11 @@ The op states its product as index expressions; this module picks the kernel for
 (local-memory tiles on GPUs, vector registers on CPUs); the target's schedule gives the tile shape
 and the k-split (compiler/schedule.py). Each function returns a list of kernels.
 """
-import re
-
 from ..compiler import symbolic
-from ..compiler.schedule import TK
+from ..compiler.schedule import large_form
+from . import index
 from .base import kernel, out as written, round_up
+from .index import b, k, m, n
 
 GEMV_ROWS = 4              # up to this many rows, a GPU product along k is a reduction per column
 
@@ -21,30 +21,46 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     gradient is multiplied by that layer's act'(zin) as it is stored, so the layer needs no
     launch of its own for it (Context.dx_scale).
 
-    a_kfast: A is contiguous in k (else in m); b_nfast: B is contiguous in n (else in k).
+    A_IDX (of m, k, b), B_IDX (of k, n, b) and C_IDX (of m, n, b) are integer sympy expressions
+    of the symbols in ops/index.py; a_pred, a condition on m and k, masks A (it reads 0 where
+    false). a_kfast: A is contiguous in k (else in m); b_nfast: B is contiguous in n (else in k).
     """
     assert dscale is None or (not accumulate and act == "none" and bias is None)
-    consts = dict(M=M, N=N, K=K, a_idx=_macro_body(a_idx, "mkb"), b_idx=_macro_body(b_idx, "knb"),
-                  c_idx=_macro_body(c_idx, "mnb"), a_kfast=a_kfast, b_nfast=b_nfast, a_pred=a_pred)
+    a_idx, b_idx, c_idx = (index.check(name, e) for name, e in
+                           (("a_idx", a_idx), ("b_idx", b_idx), ("c_idx", c_idx)))
+    a_pred = None if a_pred is None else index.check("a_pred", a_pred)
+    consts = dict(M=M, N=N, K=K, a_kfast=a_kfast, b_nfast=b_nfast,
+                  a_pred=None if a_pred is None else index.c(a_pred), **_macros(a_idx, b_idx, c_idx))
     buffers = {"a": a, "w": w, "out": out}
     _epilogue(consts, buffers, accumulate, bias, act, z, dscale)
     if ctx.target.kind == "cpu":
         return _vector_gemm(ctx, step, consts, buffers, batch)
-    if M <= GEMV_ROWS and a_kfast and not b_nfast and not a_pred and dscale is None:
+    if M <= GEMV_ROWS and a_kfast and not b_nfast and a_pred is None and dscale is None:
         s = ctx.schedule(step, "gemv", K=K)
         return [kernel(step, "gemv", dict(consts, L=s.local[0]), buffers,
                        (N * s.local[0], 1, batch), s.local)]
     # The slices' partial products are summed per output element by a column sum that then
     # applies the epilogue, so the output must be one contiguous M×N block (b is 0 at batch 1).
-    contiguous = re.fullmatch(rf"(b\*\d+\+)?m\*{N}\+n", c_idx.replace(" ", ""))
-    s = ctx.schedule(step, "gemm", M=M, N=N, K=K, splittable=bool(batch == 1 and contiguous))
+    splittable = batch == 1 and index.is_rows_of(c_idx, N)
+    # The large-tile form steps through k by adding a constant stride to each address.
+    sa, sb = index.strides(a_idx, (m, k)), index.strides(b_idx, (k, n))
+    shape = dict(M=M, N=N, K=K, splittable=splittable,
+                 affine=a_pred is None and sa is not None and sb is not None)
+    s = ctx.schedule(step, "gemm", **shape)
     TM, TN, RM, RN = s.tiles
+    TK = s.depth
     consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN, KC=K, split=False)
+    template = "gemm"
+    if large_form(shape, s.tiles, TK):
+        template = "gemm_large"
+        # Each operand is loaded along its contiguous dimension.
+        consts.update(SA=sa[k], SB=sb[k], SAM=sa[m], SBN=sb[n],
+                      a_kfast=abs(sa[k]) <= abs(sa[m]), b_nfast=abs(sb[n]) <= abs(sb[k]))
     local = (TN // RN, TM // RM, 1)
     split = s.split
     if split == 1:
         glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch)
-        return [kernel(step, "gemm", consts, buffers, glob, local)]
+        return [kernel(step, template, consts, buffers, glob, local)]
     # Split-K: few output tiles but a long k (dense layers at small batches, weight gradients
     # summed over a large batch). Each z-slice sums one range of k into its own partial product;
     # a column sum adds the slices and applies bias, activation and the stored pre-activation.
@@ -52,13 +68,12 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     split = -(-K // kc)
     partial = ctx.scratch(f"{step}.partial", split * M * N)
     # The z-index now names a slice, and the one batch entry is entry 0.
-    consts.update(KC=kc, split=True, a_idx=_macro_body(re.sub(r"\bb\b", "0", a_idx), "mkb"),
-                  b_idx=_macro_body(re.sub(r"\bb\b", "0", b_idx), "knb"),
-                  c_idx=_macro_body(f"b*{M * N} + m*{N} + n", "mnb"))
+    consts.update(KC=kc, split=True, **_macros(a_idx.subs(b, 0), b_idx.subs(b, 0),
+                                               b * (M * N) + m * N + n))
     slices = {"a": a, "w": w, "out": partial}
     _epilogue(consts, slices, False, None, "none", None, None)
     glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
-    return [kernel(step, "gemm", consts, slices, glob, local)] + \
+    return [kernel(step, template, consts, slices, glob, local)] + \
         column_sum(ctx, f"{step}_reduce", rows=split, cols=M * N, src=partial, out=out,
                    accumulate=accumulate, bias=bias, bias_period=N, act=act, z=z, dscale=dscale)
 
@@ -76,18 +91,19 @@ def _epilogue(consts, buffers, accumulate, bias, act, z, dscale):
         consts["dact"] = symbolic.derivative_c(dscale[0], "zz")
 
 
-def _macro_body(expr, params):
-    """The index expression as the body of a C macro of ``params``: each use of a parameter is
-    parenthesised, so that an argument such as ``n0 + j`` binds as a whole."""
-    return re.sub(r"\b([%s])\b" % params, r"(\1)", expr)
+def _macros(a_idx, b_idx, c_idx):
+    """The index expressions as the bodies of the templates' macros A_IDX(m, k, b), B_IDX(k, n, b)
+    and C_IDX(m, n, b)."""
+    return {name: index.c(e, index.PARAMS[name])
+            for name, e in (("a_idx", a_idx), ("b_idx", b_idx), ("c_idx", c_idx))}
 
 
 def linear(ctx, step, *, rows, n_in, n_out, x, weight, out, bias=None, act="none", z=None,
            accumulate=False):
     """out[r, o] (=|+=) act(bias[o] + Σ_i weight[o, i]·x[r, i]): torch.nn.Linear's layout over
     ``rows`` rows (samples, or samples × units)."""
-    return gemm(ctx, step, M=rows, N=n_out, K=n_in, a=x, w=weight, out=out, a_idx=f"m*{n_in} + k",
-                b_idx=f"n*{n_in} + k", c_idx=f"m*{n_out} + n", a_kfast=True, b_nfast=False,
+    return gemm(ctx, step, M=rows, N=n_out, K=n_in, a=x, w=weight, out=out, a_idx=m * n_in + k,
+                b_idx=n * n_in + k, c_idx=m * n_out + n, a_kfast=True, b_nfast=False,
                 bias=bias, act=act, z=z, accumulate=accumulate)
 
 
@@ -99,10 +115,10 @@ def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight
     ks = []
     if dx is not None:
         ks += gemm(ctx, f"backward_input{suffix}", M=rows, N=n_in, K=n_out, a=dz, w=weight, out=dx,
-                   a_idx=f"m*{n_out} + k", b_idx=f"k*{n_in} + n", c_idx=f"m*{n_in} + n",
+                   a_idx=m * n_out + k, b_idx=k * n_in + n, c_idx=m * n_in + n,
                    a_kfast=True, b_nfast=True, accumulate=accumulate, dscale=dx_scale)
     ks += gemm(ctx, f"backward{suffix}_weight", M=n_out, N=n_in, K=rows, a=dz, w=x, out=dweight,
-               a_idx=f"k*{n_out} + m", b_idx=f"k*{n_in} + n", c_idx=f"m*{n_in} + n",
+               a_idx=k * n_out + m, b_idx=k * n_in + n, c_idx=m * n_in + n,
                a_kfast=False, b_nfast=True)
     if dbias is not None:
         ks += column_sum(ctx, f"backward{suffix}_bias", rows=rows, cols=n_out, src=dz, out=dbias)

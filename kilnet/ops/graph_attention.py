@@ -43,6 +43,7 @@ import numpy as np
 from ..graph import graph_of
 from .base import Op, Param, int_attr, kernel, need, out, register
 from .gemm import gemm, linear, linear_backward
+from .index import b, k, m, n
 
 STAGE_BYTES = 16384        # K and V of one head staged in local memory up to this size (GPUs)
 MAX_MASK_WORDS = 16384     # a user adjacency is a __constant bit mask: at most 64 KiB
@@ -183,18 +184,18 @@ class GraphAttention(Op):
         # dQ = dS·K, dK = dSᵀ·Q, dV = A_conᵀ·dO_con + A_notᵀ·dO_not: products batched over
         # (sample, head) = z, with head h's columns of Q, K, V, dO picked by the index expressions.
         BH, BHUU = B * H, B * H * U * U
-        cols = f"((b)/{H})*{U * HD} + ((b)%{H})*{DK} + (n)"      # unit (m or k) added below
+        cols = (b // H) * (U * HD) + (b % H) * DK + n      # unit (m or k) added below
         ks += gemm(ctx, "backward_q", M=U, N=DK, K=U, batch=BH, a=ds, w=s["k"], out=d["q"],
-                   a_idx=f"(b)*{U * U} + (m)*{U} + (k)", b_idx=f"{cols} + (k)*{HD}",
-                   c_idx=f"{cols} + (m)*{HD}", a_kfast=True, b_nfast=True)
+                   a_idx=b * (U * U) + m * U + k, b_idx=cols + k * HD,
+                   c_idx=cols + m * HD, a_kfast=True, b_nfast=True)
         ks += gemm(ctx, "backward_k", M=U, N=DK, K=U, batch=BH, a=ds, w=s["q"], out=d["k"],
-                   a_idx=f"(b)*{U * U} + (k)*{U} + (m)", b_idx=f"{cols} + (k)*{HD}",
-                   c_idx=f"{cols} + (m)*{HD}", a_kfast=False, b_nfast=True)
+                   a_idx=b * (U * U) + k * U + m, b_idx=cols + k * HD,
+                   c_idx=cols + m * HD, a_kfast=False, b_nfast=True)
         ks += gemm(ctx, "backward_v", M=U, N=DK, K=2 * U, batch=BH, a=s["p"], w=do, out=d["v"],
-                   a_idx=f"((k)/{U})*{BHUU} + (b)*{U * U} + ((k)%{U})*{U} + (m)",
-                   b_idx=f"((b)/{H})*{U * 2 * HD} + ((k)%{U})*{2 * HD} + ((k)/{U})*{HD} "
-                         f"+ ((b)%{H})*{DK} + (n)",
-                   c_idx=f"{cols} + (m)*{HD}", a_kfast=False, b_nfast=True)
+                   a_idx=(k // U) * BHUU + b * (U * U) + (k % U) * U + m,
+                   b_idx=(b // H) * (U * 2 * HD) + (k % U) * (2 * HD) + (k // U) * HD
+                   + (b % H) * DK + n,
+                   c_idx=cols + m * HD, a_kfast=False, b_nfast=True)
         for i, p in enumerate(("q", "k", "v")):
             # dX (+)= dP·W_p: the k and v projections add to the q projection's part
             ks += linear_backward(ctx, f"_{p}", rows=R, n_in=W, n_out=HD, dz=d[p], x=ctx.x(0),

@@ -1,0 +1,54 @@
+"""Runs the large-tile form of the GPU product (templates/gemm_large.cl.j2) once on odd sizes;
+tests/test_oclgrind.py runs this under Oclgrind.
+
+Every buffer is its own allocation (debug_buffers) and rewritten buffers start as NaN (poison).
+Covered: 128×128 tiles of 8×8 blocks (two real4 bands per lane) and 128×64 tiles of 8×4, edge
+tiles in m and n, a last partial k-tile, every operand layout (forward, input and weight
+gradients), bias, activation, the stored pre-activation, an input gradient that applies its
+producer's derivative, and a k-split (a schedule override). The CPU form, and the general GPU
+form that the products with 9 columns take here, are left to oclgrind_model.py.
+"""
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+import kilnet as kn
+from kernel_check import KERNELS, exercise
+
+
+def build():
+    g = kn.Graph("oclgrind_gemm_large")
+    x = g.input("x", (9,))
+    h = kn.dense(x, 131, activation="tanh")                      # 130×131×9: 128×128 tiles
+    g.output("y", kn.concat(kn.dense(h, 67), kn.dense(x, 66, activation="gelu")))
+    return g
+
+
+def run():
+    rng = np.random.default_rng(0)
+    B = 130
+    feeds, targets = {"x": rng.standard_normal((B, 9))}, {"y": rng.standard_normal((B, 133))}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"dense_2.backward_weight": {"split": 3}}, f)
+    os.environ["KILNET_SCHEDULES"] = f.name
+    try:
+        model = kn.compile(build(), batch=B, optimizer=kn.SGD(lr=0.1), loss="mse",
+                           debug_buffers=True, poison=True)
+    finally:
+        del os.environ["KILNET_SCHEDULES"]
+        os.unlink(f.name)
+    assert any(k.name == "dense_2.backward_weight_reduce" for k in model.kernels)
+
+    def large(launch):
+        return "__local real4 As[2]" in model.plan.sources[launch.kernel]
+    exercise(model, feeds, targets, 1, count=large)
+
+
+if __name__ == "__main__":
+    os.environ["KILNET_TARGET"] = "gpu"
+    run()
+    print("kernels run:", len(KERNELS))
+    sys.exit(0)
