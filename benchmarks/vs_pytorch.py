@@ -401,7 +401,8 @@ def kilnet_models(o, what, batch, g, **kw):
     if o.tune:
         print(f"tuning {g.name} {what} batch {batch} for {o.tune_budget:g} s ...", file=sys.stderr,
               flush=True)
-        result = tune.tune(plain, budget=o.tune_budget, path=o.table)
+        result = tune.tune(plain, budget=o.tune_budget, path=o.table,
+                           log=lambda line: print(line, file=sys.stderr, flush=True))
         o.reports.append(f"## tune {g.name} {what} batch {batch} ({result.seconds:.0f} s, "
                          f"{len(result.entries)} entries kept)\n{result.report()}")
     with schedules(o.table):

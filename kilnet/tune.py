@@ -177,7 +177,7 @@ def candidates(target, kind, default, shape, stage, best):
         out = [{"local": list(p)} for p in pairs]
     elif stage == 0 and kind == "map":
         dims = len(default.local)
-        out = [{"local": [L] + [1] * (dims - 1)} for L in (8,) + GROUPS if L != 4]
+        out = [{"local": [L] + [1] * (dims - 1)} for L in GROUPS if L >= 8]
     elif stage == 0 and kind == "vector_map":
         out = [{"local": [L]} for L in (4, 8, 16, 32, 64, 128)]
     own = {f: list(v) if isinstance(v, tuple) else v for f in sched.TUNABLE[kind]
@@ -190,8 +190,9 @@ STAGES = {"gemm_vec": 2, "gemm": 2}
 
 # -- the tuner ----------------------------------------------------------------------------------
 def tune(model, budget=DEFAULT_BUDGET, only=None, path=None, write=True, log=None, seed=0):
-    """Tune the schedules of ``model``'s launches on its device for about ``budget`` seconds and
-    merge the winners into the device's schedule table. Returns a ``Tuning``.
+    """Tune the schedules of ``model``'s launches on its device for about ``budget`` seconds
+    (no candidate starts after it; the launch being tuned then still has its winner confirmed)
+    and merge the winners into the device's schedule table. Returns a ``Tuning``.
 
     only: launch names or families (shell patterns, e.g. ``"dense*"``, ``"gemm_vec"``) to tune;
         default every tunable launch.
