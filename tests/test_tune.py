@@ -264,3 +264,20 @@ def test_table_key_has_the_driver_and_older_tables_still_apply(tmp_path, monkeyp
 def test_device_target_carries_the_driver_version():
     model = build(batch=2)
     assert model.plan.target.driver == model.device.driver_version.strip() != ""
+
+
+def test_a_candidate_the_device_cannot_run_is_skipped(table, slow_policy, monkeypatch, capsys):
+    """The built kernel's own work-group limit (which the device states per kernel) refuses a
+    candidate: the tuner says so and goes on with the others."""
+    from kilnet.runtime import executor
+    real = executor.limits
+
+    def small_groups(kernel, device):
+        local, group, has = real(kernel, device)
+        return local, 8 if kernel.function_name == "dense_1_forward" else group, has
+    monkeypatch.setattr(executor, "limits", small_groups)
+    few_candidates(monkeypatch, {"block": [4, 4]}, {"block": [4, 4], "local": [8, 1, 1]})
+    result = tune.tune(build(), budget=60, only=LAUNCH, log=print)
+    [row] = result.rows
+    assert row.tried == 1 and row.best == {"block": [4, 4], "local": [8, 1, 1]}, result.report()
+    assert "block 4x4 refused: kernel dense_1_forward" in capsys.readouterr().out
