@@ -445,9 +445,9 @@ def run_workload(key, batch, o):
         state = {k for k in model.params if k.endswith(("running_mean", "running_var"))}
         params = tparams(dict(model.params.items()))
         ts = TorchSide(torch, dev, tfwd, params, state)
-        k_loss = model.evaluate(feeds, targets)
         t_loss = ts.fwd(*ts._up((xn, tn))).item()
-        row["loss_rel"] = abs(k_loss - t_loss) / max(abs(t_loss), 1e-12)
+        row["loss_rel"] = max(abs(m.evaluate(feeds, targets) - t_loss) for m in models) / max(
+            abs(t_loss), 1e-12)
         fns.append(lambda: ts.eager_step(xn, tn))
         cols.append("torch_ms")
         if dev != "cpu":
@@ -562,9 +562,10 @@ def run_forward(key, o):
         torch_forward = forward_of(fwd)
         fns.append(torch_forward)
         cols.append("torch_ms")
-        want = model.forward(feeds)[next(iter(model.graph.outputs))]
-        got = torch_forward().numpy().reshape(want.shape)
-        row["loss_rel"] = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-12))
+        want = torch_forward().numpy()
+        outs = [m.forward(feeds)[next(iter(m.graph.outputs))] for m in models]
+        row["loss_rel"] = max(float(np.abs(want.reshape(o.shape) - o).max()) for o in outs) / max(
+            float(np.abs(want).max()), 1e-12)
         if o.torch_compile:
             fn = compiled_side(o, lambda: forward_of(torch.compile(tfwd(F, P, training=False))),
                                row)
@@ -740,13 +741,16 @@ def main(argv=None):
         batches = DEFAULT_BATCHES[key]
         if key == "W1" and a.batches:
             batches = tuple(int(b) for b in a.batches.split(","))
-        for r in [run_workload(key, b, o) for b in batches] + [run_forward(key, o)]:
+        for run in [lambda b=b: run_workload(key, b, o) for b in batches] + [
+                lambda: run_forward(key, o)]:
+            r = run()
             row_line(r, cols, print)
             if "compiled" in r:
                 failures.append(f"{r['workload']} {r['what']} batch {r['batch']}: {r['compiled']}")
     print("ratio_* = PyTorch time / kilnet time (> 1: kilnet faster); of_floor = floor / kilnet "
           "time; loss_rel = |kilnet - PyTorch| / |PyTorch| (train: first loss; forward: largest "
-          "output difference over the largest output)")
+          "output difference over the largest output" + ("; the larger of kilnet's two models'"
+                                                          if a.table else "") + ")")
     if a.table:
         print("ratio_tuned = PyTorch eager / kilnet with the table")
     if o.torch_compile:

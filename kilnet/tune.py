@@ -10,7 +10,8 @@ once. The most expensive launches go first, until the time budget is spent.
 
 A candidate is kept only if it beats the policy by more than the measured noise (the half-width
 of a 95 % interval of the median of the paired time ratios, at least ``MIN_NOISE``), and then
-again in a fresh measurement, so that the luckiest of many noisy draws is not kept by chance.
+again in a fresh measurement (where the medians of the two times must also agree), so that the
+luckiest of many noisy draws is not kept by chance.
 Winners are merged into the device's table (``schedule.tuned_table_path``: keyed by device and
 driver version) under shape keys (``schedule.shaped_key``), so a later compile on that device
 picks them up; an entry of a launch for which the policy won is removed from the table.
@@ -87,13 +88,14 @@ class Row:
     best: dict = None          # the winning table entry, or None when the policy's stays
     best_ms: float = None
     noise: float = None        # relative noise of the deciding comparison
+    ratio: float = None        # its median over paired rounds of best time / default time
     tried: int = 0             # candidates built and measured
     rejected: list = field(default_factory=list)   # "entry: why" for wrong results
     note: str = ""
 
     @property
     def speedup(self):
-        return self.default_ms / self.best_ms if self.best_ms else None
+        return 1 / self.ratio if self.best is not None else None
 
 
 @dataclass
@@ -116,11 +118,13 @@ class Tuning:
             best = describe(r.kind, r.best) if r.best else ("= default" if not r.note else r.note)
             lines.append((r.launches[0] + more, r.kind, describe(r.kind, r.default), best,
                           f"{r.default_ms:.4f}", "-" if r.best_ms is None else f"{r.best_ms:.4f}",
-                          "-" if r.best_ms is None else f"{r.speedup:.2f}x",
+                          "-" if r.best is None else f"{r.speedup:.2f}x",
                           "-" if r.noise is None else f"{r.noise:.1%}",
                           f"{r.tried}" + (f" ({len(r.rejected)} wrong)" if r.rejected else "")))
         widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
         out = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines]
+        out.append("(ms: medians of device time; speedup: the median over rounds that ran both "
+                   "of default time / best time; noise: the half-width of its 95 % interval)")
         for r in self.rows:
             out += [f"rejected for {r.launches[0]}: {why}" for why in r.rejected]
         return "\n".join(out)
@@ -331,8 +335,8 @@ class _Session:
     def outputs(self, model, item, before=None):
         """Run ``item``'s call up to its kernel, then the kernel's launches: (their names, the
         buffers they name, read back, and the arenas as they were before the kernel). With
-        ``before`` (a plan of the same layout's arenas), those are written instead of running
-        the launches before the kernel again."""
+        ``before`` (those arenas, from a plan of the same layout), they are written instead of
+        running the launches before the kernel again."""
         ex, seq = model._exec, model.steps[item.call]
         group = _group(seq, item.request)
         if before is None:
@@ -399,8 +403,8 @@ class _Session:
             got_names = [la.name for la in _group(model.steps[item.call], item.request)]
             ratio, noise, t0, t1 = _compare(policy, names, model, got_names, 2 * rounds)
             row.noise = noise
-            if ratio < 1 - noise:
-                row.best, row.default_ms, row.best_ms = best, t0 * 1e3, t1 * 1e3
+            if ratio < 1 - noise and t1 < t0:       # the medians must agree, too
+                row.best, row.ratio, row.default_ms, row.best_ms = best, ratio, t0 * 1e3, t1 * 1e3
                 log(f"{item.launches[0]}: {describe(item.request.kind, best)} kept, "
                     f"{t0 * 1e3:.4f} -> {t1 * 1e3:.4f} ms")
             else:

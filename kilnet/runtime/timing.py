@@ -30,13 +30,15 @@ def run_timed(executor, names):
 
 def interleaved(groups, rounds, warmup=2):
     """Device seconds of each (executor, [launch names]) group over ``rounds`` rounds, the groups
-    taking turns within a round (so a burst of load from elsewhere hits all of them alike):
+    taking turns within a round (so a burst of load from elsewhere hits all of them alike), in
+    reversed order every other round (so neither always runs right after the other):
     [[seconds per round] per group]."""
     for executor, _ in groups:
         executor.finish()
     times = [[] for _ in groups]
     for r in range(warmup + rounds):
-        for (executor, names), out in zip(groups, times):
+        order = list(zip(groups, times))
+        for (executor, names), out in (order if r % 2 == 0 else order[::-1]):
             t = run_timed(executor, names)
             if r >= warmup:
                 out.append(t)
