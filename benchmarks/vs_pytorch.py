@@ -4,6 +4,11 @@
     python benchmarks/vs_pytorch.py             # PoCL and PyTorch CPU on a machine without GPU
     python benchmarks/vs_pytorch.py --device nvidia --steps 200      # the H200, PyTorch on CUDA
     python benchmarks/vs_pytorch.py --only W1 --batches 1,64         # a subset
+    python benchmarks/vs_pytorch.py --torch-compile                  # also PyTorch compiled
+    python benchmarks/vs_pytorch.py --tune --table T.json            # tune each row's model into
+                                                                     # T.json, then time both
+    python benchmarks/vs_pytorch.py --table T.json                   # the policy and T.json
+    python benchmarks/vs_pytorch.py --per-kernel                     # each launch: GFLOP/s, % peak
 
 Workloads (float32; training = forward + loss + backward + Adam step):
   W1 qnet   (40, 12) -> conv1d 32, 32, 32 (window 3, leaky_relu) -> dense 1000 tanh x 3 -> dense 45
@@ -20,6 +25,21 @@ steps and reads the loss back, so each timed call is complete. The sides alterna
 after warm-up; the table gives the median over ``--steps`` calls. PyTorch runs eager with fused
 Adam, and on CUDA also as a CUDA graph (capturable Adam) replayed per step, with TF32 off.
 
+``--torch-compile`` adds PyTorch compiled: ``torch.compile`` (default mode) of the model's
+forward and loss, backward through its AOTAutograd graph and the same fused Adam, on its own copy
+of the parameters (``compiled_ms``, ``ratio_compiled``); where it fails, the row says why.
+
+``--table T.json`` times kilnet twice per row, alternating with the other sides: with the
+policy's schedules only (``kilnet_ms``; no table at all, whatever the device's cache holds) and
+with the schedule table T.json (``tuned_ms``, ``ratio_tuned``). ``--tune`` first runs the tuner
+(kilnet/tune.py, ``--tune-budget`` seconds per model) on each row's model and merges what it
+finds into the table (default: the device's own table in kilnet's cache dir); the tuner's
+reports follow the table.
+
+``--per-kernel`` prints, for each train step, every launch's device time (profiling events,
+median of 5), its global and local sizes and work-groups per compute unit, and for the products
+their GFLOP/s and % of the device's FMA peak as measured by benchmarks/fma_peak.py.
+
 ``host ms`` is the time until a step's enqueues return (for PyTorch eager on CUDA, its whole
 Python launch path), measured over separate calls. ``floor ms`` is the least time the device
 could take: max(FLOPs / peak, bytes / bandwidth), where peak is the best GEMM rate measured here
@@ -35,12 +55,21 @@ import statistics
 import sys
 import time
 
+import contextlib
+import re
+import tempfile
+
 import numpy as np
 
 import kilnet as kn
+from kilnet import tune
+from kilnet.runtime import timing
+
+import fma_peak
 
 ADAM = dict(lr=1e-3, b1=0.9, b2=0.999, eps=1e-8)
 PER_KERNEL = False
+PRODUCTS = ("gemm", "gemm_vec", "gemv")
 
 
 # -- the workloads, as kilnet graphs and as PyTorch functions of the same parameters ----------
@@ -187,12 +216,14 @@ DEFAULT_BATCHES = {"W1": (1, 64, 256, 1024), "W2": (1, 32), "W3": (16,)}
 class TorchSide:
     """One workload in PyTorch: eager with fused Adam, and (CUDA) a captured CUDA graph."""
 
-    def __init__(self, torch, dev, fwd_factory, params, state_names):
+    def __init__(self, torch, dev, fwd_factory, params, state_names, compiled=False):
         import torch.nn.functional as F
         self.torch, self.dev = torch, dev
         self.P = {k: torch.tensor(np.asarray(v, np.float32), device=dev,
                                   requires_grad=k not in state_names) for k, v in params.items()}
         self.fwd = fwd_factory(F, self.P)
+        if compiled:
+            self.fwd = torch.compile(self.fwd)
         trainable = [p for k, p in self.P.items() if k not in state_names]
         betas = (ADAM["b1"], ADAM["b2"])
         self.opt = torch.optim.Adam(trainable, lr=ADAM["lr"], betas=betas, eps=ADAM["eps"],
@@ -327,10 +358,79 @@ def sync(torch, dev):
         torch.cuda.synchronize()
 
 
-def run_workload(key, batch, device, torch, dev, steps, warmup, peaks):
+class Options:
+    """What the rows share: the device, PyTorch, steps, and the optional modes."""
+
+    def __init__(self, a, torch, dev, peaks):
+        self.device, self.torch, self.dev, self.peaks = a.device, torch, dev, peaks
+        self.steps, self.warmup = a.steps, a.warmup
+        self.torch_compile = a.torch_compile and torch is not None
+        self.table = a.table
+        self.tune, self.tune_budget = a.tune, a.tune_budget
+        self.reports = []           # the tuner's, printed after the table
+        self.fma_peak = None        # GFLOP/s, measured when --per-kernel asks for it
+        # An empty table: models compiled with it have the policy's schedules, whatever tables
+        # the device's cache holds.
+        self.no_table = os.path.join(tempfile.mkdtemp(prefix="vs_pytorch"), "policy-only.json")
+        with open(self.no_table, "w") as f:
+            f.write("{}\n")
+
+
+@contextlib.contextmanager
+def schedules(path):
+    """KILNET_SCHEDULES=path while models compile (None: leave it as it is)."""
+    old = os.environ.get("KILNET_SCHEDULES")
+    if path is not None:
+        os.environ["KILNET_SCHEDULES"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("KILNET_SCHEDULES", None)
+        else:
+            os.environ["KILNET_SCHEDULES"] = old
+
+
+def kilnet_models(o, what, batch, g, **kw):
+    """[the model as configured] or, with a table, [policy only, with the table], after tuning
+    the policy's model into the table when asked."""
+    if o.table is None:
+        return [kn.compile(g, batch=batch, device=o.device, seed=0, **kw)]
+    with schedules(o.no_table):
+        plain = kn.compile(g, batch=batch, device=o.device, seed=0, **kw)
+    if o.tune:
+        print(f"tuning {g.name} {what} batch {batch} for {o.tune_budget:g} s ...", file=sys.stderr,
+              flush=True)
+        result = tune.tune(plain, budget=o.tune_budget, path=o.table,
+                           log=lambda line: print(line, file=sys.stderr, flush=True))
+        o.reports.append(f"## tune {g.name} {what} batch {batch} ({result.seconds:.0f} s, "
+                         f"{len(result.entries)} entries kept)\n{result.report()}")
+    with schedules(o.table):
+        tuned = kn.compile(g, batch=batch, device=o.device, seed=0, **kw)
+    return [plain, tuned]
+
+
+def compiled_side(o, make, row):
+    """make() -> a function to time, run once to compile; None (and row["compiled"] says why)
+    when torch.compile fails here."""
+    try:
+        t0 = time.perf_counter()
+        fn = make()
+        fn()
+        row["compile_s"] = time.perf_counter() - t0
+        return fn
+    except Exception as e:       # inductor needs a C++ compiler, and more; say what failed
+        row["compiled"] = f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        print(f"{row['workload']} {row['what']} b{row['batch']}: {row['compiled']}", file=sys.stderr)
+        return None
+
+
+def run_workload(key, batch, o):
+    torch, dev = o.torch, o.dev
     label, build, tfwd, tparams, data = WORKLOADS[key]
     g, loss, macs = build()
-    model = kn.compile(g, batch=batch, optimizer=kn.Adam(**ADAM), loss=loss, device=device, seed=0)
+    models = kilnet_models(o, "train", batch, g, optimizer=kn.Adam(**ADAM), loss=loss)
+    model = models[0]
     rng = np.random.default_rng(1)
     feeds, targets = data(rng, batch)
     (xn,), (tn,) = feeds.values(), targets.values()
@@ -338,65 +438,143 @@ def run_workload(key, batch, device, torch, dev, steps, warmup, peaks):
            "launches": len(model.steps["train_step"])}
     nparams = sum(np.size(v) for k, v in model.params.items() if not k.endswith(
         ("running_mean", "running_var")))
-    fns = [lambda: model.train_step(feeds, targets)]
+    fns = [lambda m=m: m.train_step(feeds, targets) for m in models]
     ts = None
+    cols = ["kilnet_ms", "tuned_ms"][:len(models)]
     if torch is not None:
         state = {k for k in model.params if k.endswith(("running_mean", "running_var"))}
-        ts = TorchSide(torch, dev, tfwd, tparams(dict(model.params.items())), state)
-        k_loss = model.evaluate(feeds, targets)
+        params = tparams(dict(model.params.items()))
+        ts = TorchSide(torch, dev, tfwd, params, state)
         t_loss = ts.fwd(*ts._up((xn, tn))).item()
-        row["loss_rel"] = abs(k_loss - t_loss) / max(abs(t_loss), 1e-12)
+        row["loss_rel"] = max(abs(m.evaluate(feeds, targets) - t_loss) for m in models) / max(
+            abs(t_loss), 1e-12)
         fns.append(lambda: ts.eager_step(xn, tn))
+        cols.append("torch_ms")
         if dev != "cpu":
             ts.capture(xn, tn)
             fns.append(lambda: ts.graph_step(xn, tn))
-    times = alternate(fns, steps, warmup)
-    row["kilnet_ms"] = times[0]
-    row["torch_ms"] = times[1] if ts else None
-    row["graph_ms"] = times[2] if ts and dev != "cpu" else None
+            cols.append("graph_ms")
+        if o.torch_compile:
+            fn = compiled_side(o, lambda: (lambda side: lambda: side.eager_step(xn, tn))(
+                TorchSide(torch, dev, tfwd, params, state, compiled=True)), row)
+            if fn is not None:
+                fns.append(fn)
+                cols.append("compiled_ms")
+    times = alternate(fns, o.steps, o.warmup)
+    row.update(zip(cols, times))
     row["kilnet_host_ms"] = host_ms(lambda: kilnet_enqueue_step(model, feeds, targets),
-                                    model._exec.finish, max(5, steps // 4))
+                                    model._exec.finish, max(5, o.steps // 4))
     if ts:
         row["torch_host_ms"] = host_ms(lambda: ts.eager_enqueue(xn, tn), ts.sync,
-                                       max(5, steps // 4))
+                                       max(5, o.steps // 4))
     flops, bytes_ = 3 * 2.0 * macs * batch, 7 * 4.0 * nparams
-    row["floor_ms"] = floor_ms(flops, bytes_, peaks)
+    row["floor_ms"] = floor_ms(flops, bytes_, o.peaks)
     if PER_KERNEL:
-        prof = sorted(model.profile(feeds, targets, repeat=5), key=lambda p: -p[1])
-        total = sum(t for _, t in prof)
-        print(f"{key} batch {batch}: launches timed alone, total {total * 1e3:.3f} ms; slowest:",
-              file=sys.stderr)
-        for name, t in prof[:8]:
-            print(f"  {t * 1e3:9.3f} ms  {name}", file=sys.stderr)
+        per_kernel(f"{key} train batch {batch}" + (" (tuned table)" if len(models) > 1 else ""),
+                   models[-1], feeds, targets, o)
     return row
 
 
-def run_forward(key, device, torch, dev, steps, warmup, peaks):
+def kernel_flops(plan, request, launch):
+    """FLOPs of one product launch: 2·M·N·K per product, times the products the launch runs
+    (its z-size, unless that is a k-split's slices). K is the loop bound of the rendered kernel
+    (CPU products are asked for by M and N only). None where it cannot be read."""
+    M, N = request.shape.get("M"), request.shape.get("N")
+    src = plan.sources[launch.kernel]
+    body = src[src.index("__kernel"):]
+    k = re.search(r"for \(; k \+ \d+ <= (\d+);|for \(int k0? = 0; k0? < (\d+);|min\((\d+), ", body)
+    if M is None or N is None or k is None:
+        return None
+    K = int(next(v for v in k.groups() if v))
+    split = "kend" in body
+    return 2.0 * M * N * K * (1 if split else launch.global_size[2])
+
+
+def per_kernel(title, model, feeds, targets, o):
+    """Every launch of a train step, slowest first: device ms, sizes, work-groups per compute
+    unit, and for products GFLOP/s and % of the measured FMA peak."""
+    if o.fma_peak is None:
+        o.fma_peak, best, _ = fma_peak.measure(model.device)
+        print(f"measured FMA peak (benchmarks/fma_peak.py, {best}): {o.fma_peak:.1f} GFLOP/s",
+              file=sys.stderr)
+    rec = tune._Recorder(**{f: getattr(model.plan.target, f)
+                            for f in model.plan.target.__dataclass_fields__})
+    p = model.plan
+    plan = tune.lower(p.graph, p.batch, p.dtype, p.loss, p.optimizer, p.input_grads, False, rec)
+    requests = {r.name: r for r in rec.log}
+    seq = model.steps["train_step"]
+    model.train_step(feeds, targets)               # the batch and the step's scalars in place
+    times = timing.per_launch(model._exec, seq, repeat=5)
+    units = model.device.max_compute_units
+    rows = []
+    for la in seq:
+        t = statistics.median(times[la.name])
+        base = la.name[:-len("_reduce")] if la.name.endswith("_reduce") else la.name
+        req = requests.get(la.name) or requests.get(base)
+        groups = int(np.prod([-(-gs // ls) for gs, ls in zip(la.global_size, la.local_size)])) \
+            if la.local_size else None
+        flops = kernel_flops(plan, req, la) if req and req.kind in PRODUCTS and \
+            la.name == req.name else None
+        rows.append((t, la, req.kind if req else "-", groups, flops))
+    total = sum(r[0] for r in rows)
+    prod = [r for r in rows if r[4]]
+    pt, pf = sum(r[0] for r in prod), sum(r[4] for r in prod)
+    print(f"{title}: {len(rows)} launches, {total * 1e3:.3f} ms device time; products "
+          f"{pt * 1e3:.3f} ms ({pt / total:.0%}) at {pf / pt / 1e9:.1f} GFLOP/s = "
+          f"{pf / pt / 1e9 / o.fma_peak:.0%} of the FMA peak" if prod else
+          f"{title}: {len(rows)} launches, {total * 1e3:.3f} ms device time", file=sys.stderr)
+    print(f"  {'ms':>9} {'share':>6} {'GFLOP/s':>8} {'% peak':>7} {'wg/CU':>7}  {'family':10} "
+          f"{'global':16} {'local':12} launch", file=sys.stderr)
+    for t, la, kind, groups, flops in sorted(rows, key=lambda r: -r[0]):
+        rate = flops / t / 1e9 if flops else None
+        print(f"  {t * 1e3:9.3f} {t / total:6.1%} {fmt(rate, '.1f'):>8} "
+              f"{fmt(rate and rate / o.fma_peak, '.0%'):>7} "
+              f"{fmt(groups and groups / units, '.1f'):>7}  {kind:10} "
+              f"{'x'.join(map(str, la.global_size)):16} "
+              f"{'x'.join(map(str, la.local_size)) if la.local_size else '-':12} {la.name}",
+              file=sys.stderr)
+
+
+def run_forward(key, o):
+    torch, dev = o.torch, o.dev
     label, build, tfwd, tparams, data = WORKLOADS[key]
     g, _loss, macs = build()
-    model = kn.compile(g, batch=1, device=device, seed=0)
+    models = kilnet_models(o, "forward", 1, g)
+    model = models[0]
     feeds, targets = data(np.random.default_rng(2), 1)
     (xn,) = feeds.values()
     row = {"workload": f"{key} {label}", "batch": 1, "what": "forward",
            "launches": len(model.steps["forward"])}
     nparams = sum(np.size(v) for _, v in model.params.items())
-    fns = [lambda: model.forward(feeds)]
+    fns = [lambda m=m: m.forward(feeds) for m in models]
+    cols = ["kilnet_ms", "tuned_ms"][:len(models)]
     if torch is not None:
         import torch.nn.functional as F
         P = {k: torch.tensor(np.asarray(v, np.float32), device=dev)
              for k, v in tparams(dict(model.params.items())).items()}
         fwd = tfwd(F, P, training=False)
 
-        def torch_forward():
-            with torch.no_grad():
-                return fwd(torch.from_numpy(np.asarray(xn, np.float32)).to(dev)).cpu()
+        def forward_of(f):
+            def run():
+                with torch.no_grad():
+                    return f(torch.from_numpy(np.asarray(xn, np.float32)).to(dev)).cpu()
+            return run
+        torch_forward = forward_of(fwd)
         fns.append(torch_forward)
-        want = model.forward(feeds)[next(iter(model.graph.outputs))]
-        got = torch_forward().numpy().reshape(want.shape)
-        row["loss_rel"] = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-12))
-    times = alternate(fns, steps, warmup)
-    row["kilnet_ms"], row["torch_ms"] = times[0], times[1] if torch is not None else None
-    row["floor_ms"] = floor_ms(2.0 * macs, 4.0 * nparams, peaks)
+        cols.append("torch_ms")
+        want = torch_forward().numpy()
+        outs = [m.forward(feeds)[next(iter(m.graph.outputs))] for m in models]
+        row["loss_rel"] = max(float(np.abs(want.reshape(o.shape) - o).max()) for o in outs) / max(
+            float(np.abs(want).max()), 1e-12)
+        if o.torch_compile:
+            fn = compiled_side(o, lambda: forward_of(torch.compile(tfwd(F, P, training=False))),
+                               row)
+            if fn is not None:
+                fns.append(fn)
+                cols.append("compiled_ms")
+    times = alternate(fns, o.steps, o.warmup)
+    row.update(zip(cols, times))
+    row["floor_ms"] = floor_ms(2.0 * macs, 4.0 * nparams, o.peaks)
     return row
 
 
@@ -438,12 +616,18 @@ def fmt(v, spec=".3f"):
     return "-" if v is None else format(v, spec)
 
 
-def columns(gpu):
+def columns(gpu, tuned=False, compiled=False):
     cols = [("workload", 11, "s"), ("what", 8, "s"), ("batch", 6, "d"), ("launches", 9, "d"),
-            ("kilnet_ms", 11, ".3f"), ("torch_ms", 10, ".3f")]
+            ("kilnet_ms", 11, ".3f")] + ([("tuned_ms", 10, ".3f")] if tuned else []) + [
+            ("torch_ms", 10, ".3f")]
     if gpu:
         cols.append(("graph_ms", 10, ".3f"))
-    return cols + [("ratio_eager", 12, ".2f")] + ([("ratio_graph", 12, ".2f")] if gpu else []) + [
+    if compiled:
+        cols.append(("compiled_ms", 12, ".3f"))
+    return cols + [("ratio_eager", 12, ".2f")] + ([("ratio_graph", 12, ".2f")] if gpu else []) + (
+        [("ratio_tuned", 12, ".2f")] if tuned else []) + (
+        [("ratio_compiled", 15, ".2f")] if compiled else []) + (
+        [("tuned_compiled", 15, ".2f")] if tuned and compiled else []) + [
         ("kilnet_host_ms", 15, ".3f"), ("torch_host_ms", 14, ".3f"), ("floor_ms", 9, ".3f"),
         ("of_floor", 9, ".1%"), ("samples_s", 11, ".0f"), ("loss_rel", 9, ".0e")]
 
@@ -455,6 +639,11 @@ def header(cols, out):
 def row_line(r, cols, out):
     r["ratio_eager"] = r["torch_ms"] / r["kilnet_ms"] if r.get("torch_ms") else None
     r["ratio_graph"] = r["graph_ms"] / r["kilnet_ms"] if r.get("graph_ms") else None
+    r["ratio_tuned"] = r["torch_ms"] / r["tuned_ms"] if r.get("tuned_ms") and r.get("torch_ms") \
+        else None
+    r["ratio_compiled"] = r["compiled_ms"] / r["kilnet_ms"] if r.get("compiled_ms") else None
+    r["tuned_compiled"] = r["compiled_ms"] / r["tuned_ms"] if r.get("compiled_ms") and \
+        r.get("tuned_ms") else None
     r["of_floor"] = r["floor_ms"] / r["kilnet_ms"] if r.get("floor_ms") else None
     r["samples_s"] = r["batch"] / r["kilnet_ms"] * 1e3
     out("".join(f"{fmt(r.get(n), s):>{w}}" if s != "s" else f"{r[n]:>{w}}" for n, w, s in cols),
@@ -491,8 +680,23 @@ def main(argv=None):
     ap.add_argument("--gemm", type=int, default=4096, help="GEMM size n (0: skip)")
     ap.add_argument("--no-torch", action="store_true", help="kilnet only")
     ap.add_argument("--per-kernel", action="store_true",
-                    help="also print each train step's slowest launches (to stderr)")
+                    help="also print each train step's launches with their device time, sizes and "
+                         "(products) %% of the measured FMA peak (to stderr)")
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="also time PyTorch compiled (torch.compile, default mode)")
+    ap.add_argument("--table", metavar="T.json", default=None,
+                    help="also time kilnet with this schedule table (tuned_ms) next to the policy "
+                         "alone (kilnet_ms)")
+    ap.add_argument("--tune", action="store_true",
+                    help="first tune each row's model into the table (--table, default the "
+                         "device's own)")
+    ap.add_argument("--tune-budget", type=float, default=tune.DEFAULT_BUDGET, metavar="SECONDS",
+                    help=f"tuning time per model (default {tune.DEFAULT_BUDGET:g})")
     a = ap.parse_args(argv)
+    if a.tune_budget <= 0:
+        ap.error(f"--tune-budget must be > 0, got {a.tune_budget}")
+    if a.table is not None and not a.tune and not os.path.isfile(a.table):
+        ap.error(f"--table {a.table}: no such file (add --tune to create it)")
     global PER_KERNEL
     PER_KERNEL = a.per_kernel
     try:
@@ -518,25 +722,46 @@ def main(argv=None):
           f"({host}), {datetime.date.today()}, {a.steps} timed calls per side after {a.warmup} "
           f"warm-up", flush=True)
     print(f"# kilnet submit: {probe._exec.submit.why}", flush=True)
+    if a.tune and a.table is None:
+        a.table = tune.sched.tuned_table_path(probe.plan.target)
     peaks = measure_peaks(torch, dev, a.device, a.gemm, 3 if not gpu else 10) if a.gemm else {}
     if peaks:
         gemm_line(peaks, print)
     cold, second, warm = compile_times(a.device)
     print(f"compile W1 (batch 64, training) in a fresh process: cold caches {cold:.2f} s, second "
           f"(saving binaries) {second:.2f} s, warm (from binaries) {warm:.2f} s", flush=True)
-    cols = columns(gpu and torch is not None)
+    o = Options(a, torch, dev, peaks)
+    if a.table:
+        print(f"kilnet_ms: the policy's schedules alone; tuned_ms: with the table {a.table}"
+              + (f" (tuned first, {a.tune_budget:g} s per model)" if a.tune else ""), flush=True)
+    cols = columns(gpu and torch is not None, tuned=a.table is not None,
+                   compiled=o.torch_compile)
     header(cols, print)
+    failures = []
     for key in a.only.split(","):
         batches = DEFAULT_BATCHES[key]
         if key == "W1" and a.batches:
             batches = tuple(int(b) for b in a.batches.split(","))
-        for b in batches:
-            row_line(run_workload(key, b, a.device, torch, dev, a.steps, a.warmup, peaks),
-                     cols, print)
-        row_line(run_forward(key, a.device, torch, dev, a.steps, a.warmup, peaks), cols, print)
+        for run in [lambda b=b: run_workload(key, b, o) for b in batches] + [
+                lambda: run_forward(key, o)]:
+            r = run()
+            row_line(r, cols, print)
+            if "compiled" in r:
+                failures.append(f"{r['workload']} {r['what']} batch {r['batch']}: {r['compiled']}")
     print("ratio_* = PyTorch time / kilnet time (> 1: kilnet faster); of_floor = floor / kilnet "
           "time; loss_rel = |kilnet - PyTorch| / |PyTorch| (train: first loss; forward: largest "
-          "output difference over the largest output)")
+          "output difference over the largest output" + ("; the larger of kilnet's two models'"
+                                                          if a.table else "") + ")")
+    if a.table:
+        print("ratio_tuned = PyTorch eager / kilnet with the table")
+    if o.torch_compile:
+        print("ratio_compiled = PyTorch compiled / kilnet (policy); tuned_compiled = PyTorch "
+              "compiled / kilnet with the table" if a.table else
+              "ratio_compiled = PyTorch compiled / kilnet")
+    for f in failures:
+        print(f)
+    for report in o.reports:
+        print("\n" + report)
     return 0
 
 

@@ -7,6 +7,8 @@
     kilnet bench [--steps N] [--device D]
     kilnet export examples/qnet.py qnet_bundle/ [--train] [--target cpu|gpu] [--mql5 qnet.mqh]
     kilnet inspect qnet_bundle/                                # a bundle, as a model
+    kilnet tune examples/qnet.py [--budget 120] [--only 'dense*,column_sum'] [--out T.json]
+    kilnet tune qnet.kiln --batch 64                           # a checkpoint, at another batch
 
 ``inspect`` loads a Python file as a module (its ``if __name__ == "__main__"`` block does not
 run) or imports ``package.module``, calls the named function (default ``build_model``) with no
@@ -21,7 +23,7 @@ import sys
 
 import kilnet as kn
 
-from . import export, mql5
+from . import export, mql5, tune
 from .errors import KilnetError
 from .inspect import arg_list, kernel_table, memory_table
 from .model import Model
@@ -214,6 +216,36 @@ def cmd_export(args):
     return 0
 
 
+# -- tune -----------------------------------------------------------------------------------
+def cmd_tune(args):
+    if args.batch is not None and args.batch < 1:
+        raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    if not args.budget > 0:         # also refuses nan
+        raise UsageError(f"--budget must be a number of seconds > 0, got {args.budget}")
+    if args.only is not None and not [p for p in args.only.split(",") if p.strip()]:
+        raise UsageError("--only needs launch names or families, e.g. --only 'dense*,gemm_vec'")
+    if args.out and os.path.isdir(args.out):
+        raise UsageError(f"--out must name a .json file, got the folder {args.out}")
+    if args.target.endswith(".kiln"):
+        if not os.path.isfile(args.target):
+            raise UsageError(f"no such file: {args.target}")
+        model = kn.load(args.target, batch=args.batch)
+    else:
+        model = load_model(args.target, batch=args.batch or 1)
+    print(f"tuning {model!r} for {args.budget:g} s", file=sys.stderr, flush=True)
+    result = tune.tune(model, budget=args.budget, only=args.only, path=args.out,
+                       write=not args.dry_run, log=lambda line: print(line, file=sys.stderr,
+                                                                      flush=True))
+    print(result.report())
+    if result.path:
+        print(f"\nwrote {len(result.entries)} entries (removed {len(result.dropped)}) to "
+              f"{result.path} in {result.seconds:.0f} s")
+    else:
+        print(f"\n{'dry run: ' if args.dry_run else ''}nothing written ({len(result.entries)} "
+              f"entries found in {result.seconds:.0f} s)")
+    return 0
+
+
 # -- bench ----------------------------------------------------------------------------------
 def cmd_bench(args):
     here = os.path.dirname(os.path.abspath(__file__))
@@ -262,6 +294,28 @@ def parser():
     p.add_argument("--batch", type=int, default=1,
                    help="batch to compile for when the function returns a kn.Graph (default 1)")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("tune", help="time candidate launch schedules on the device and save the "
+                       "fastest in its schedule table",
+                       description="Load TARGET as `inspect` does (or a .kiln checkpoint), time "
+                                   "candidate schedules of its launches (training and forward) "
+                                   "against the policy's on the device, keep those that are faster "
+                                   "beyond the noise and give the same results, and merge them "
+                                   "into the device's schedule table (keyed by device and driver), "
+                                   "which later compiles on that device read.")
+    p.add_argument("target", help="file.py, file.py:function or module:function (as for inspect), "
+                   "or a .kiln checkpoint")
+    p.add_argument("--batch", type=int, default=None,
+                   help="batch to compile a returned kn.Graph for (default 1), or to load a "
+                        "checkpoint at (default its own)")
+    p.add_argument("--budget", type=float, default=tune.DEFAULT_BUDGET, metavar="SECONDS",
+                   help=f"time to spend, the most expensive launches first (default "
+                        f"{tune.DEFAULT_BUDGET:g})")
+    p.add_argument("--only", metavar="PATTERNS", help="comma-separated launch names or families "
+                   "to tune (shell patterns: 'dense*', 'gemm_vec'; default all)")
+    p.add_argument("--out", metavar="TABLE.json", help="the table to merge into (default: "
+                   "KILNET_SCHEDULES, else the device's table in the cache dir)")
+    p.add_argument("--dry-run", action="store_true", help="measure and report; write nothing")
+    p.set_defaults(func=cmd_tune)
     p = sub.add_parser("bench", help="time train steps of the qnet example (benchmarks/train_step.py)",
                        description="Run benchmarks/train_step.py; other options (--device, --steps, "
                                    "--per-kernel, ...) are passed on to it: see its --help.",

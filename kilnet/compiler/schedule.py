@@ -3,10 +3,12 @@ override table that may replace parts of it.
 
 An op states what it launches (a kernel family and the sizes that matter) and asks its target for
 the schedule (``Target.schedule``); it never picks work sizes, tiles, vector widths or k-splits
-itself. The target looks the launch up in its override table, first by launch name
-(``dense_1.forward``) and then by family (``gemm``), and fills what the entry leaves out from the
+itself. The target looks the launch up in its override table, first by launch name and shape
+(``dense_1.forward@float:M=64,N=1000,kvec=1``, ``shaped_key``: what ``kilnet tune`` writes, so
+that one table holds a model's launches at several batches), then by launch name
+(``dense_1.forward``), then by family (``gemm``), and fills what the entry leaves out from the
 policy below. Overrides come from a JSON file: the one ``KILNET_SCHEDULES`` names, else
-``<cache dir>/schedules/<device key>.json`` when it exists (``device_key``)::
+``<cache dir>/schedules/<device key>.json`` when it exists (``table_path``)::
 
     {"dense_1.forward": {"block": [2, 4], "local": [8, 1, 1]},
      "column_sum": {"local": [32, 2]}}
@@ -14,6 +16,7 @@ policy below. Overrides come from a JSON file: the one ``KILNET_SCHEDULES`` name
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass, fields, replace
 
 from ..errors import CompileError
@@ -193,10 +196,10 @@ def choose(target, kind, name, dtype="float", **shape):
     for ``kind``) laid over it; an entry that does not fit raises a CompileError naming both."""
     s = base = policy(target, kind, dtype, **shape)
     table = target.schedules or {}
-    over = table.get(name) or table.get(kind)
-    if over is None:
+    key = next((k for k in (shaped_key(name, dtype, shape), name, kind) if k in table), None)
+    if key is None:
         return s
-    key = name if name in table else kind
+    over = table[key]
     for f in fields(Schedule):
         if getattr(over, f.name) is not None and f.name not in TUNABLE[kind]:
             raise CompileError(f"schedule override {key!r} for launch {name!r}: field {f.name!r} "
@@ -241,21 +244,77 @@ def _check(target, kind, name, key, s, dtype, dims, shape):
 
 
 # -- the override table ------------------------------------------------------------------------
-def device_key(target):
-    """The file stem of a device's table: implementation and device name, e.g.
-    ``intel-amd-epyc-7b13``."""
-    name = re.sub(r"[^a-z0-9]+", "-", f"{target.implementation} {target.name}".lower()).strip("-")
+def shaped_key(name, dtype, shape):
+    """The table key of launch ``name`` at one shape: the sizes its family's policy reads (a
+    model compiled at another batch has other sizes, so another key), e.g.
+    ``dense_1.forward@float:M=64,N=1000,kvec=1``."""
+    sizes = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in sorted(shape.items()))
+    return f"{name}@{dtype}:{sizes}"
+
+
+def device_key(target, driver=True):
+    """The file stem of a device's table: implementation, device name and (``driver``) driver
+    version, e.g. ``intel-amd-epyc-2026-22-10-0-01-160000``; a tuned table is only trusted on the
+    driver that measured it."""
+    parts = [target.implementation, target.name] + ([target.driver] if driver else [])
+    name = re.sub(r"[^a-z0-9]+", "-", " ".join(parts).lower()).strip("-")
     return name or "unknown"
 
 
 def table_path(target, environ=os.environ):
-    """The override table that applies to ``target``: ``KILNET_SCHEDULES`` if set, else
-    ``<cache dir>/schedules/<device key>.json`` if that file exists, else None."""
+    """The override table that applies to ``target``: ``KILNET_SCHEDULES`` if set, else the
+    first of ``<cache dir>/schedules/<device key>.json`` with and without the driver version that
+    exists, else None."""
     path = environ.get("KILNET_SCHEDULES")
     if path:
         return path
-    path = os.path.join(cache_dir(), "schedules", device_key(target) + ".json")
-    return path if os.path.exists(path) else None
+    for key in dict.fromkeys((device_key(target), device_key(target, driver=False))):
+        path = os.path.join(cache_dir(), "schedules", key + ".json")
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def tuned_table_path(target, environ=os.environ):
+    """Where ``kilnet tune`` writes ``target``'s table: ``KILNET_SCHEDULES`` if set, else
+    ``<cache dir>/schedules/<device key with driver>.json``."""
+    return environ.get("KILNET_SCHEDULES") or os.path.join(cache_dir(), "schedules",
+                                                           device_key(target) + ".json")
+
+
+def write_table(path, entries, drop=()):
+    """Merge ``entries`` ({key: raw entry}) into the table at ``path`` (created if missing),
+    removing the keys in ``drop``, and replace the file in one step (a temporary file in the same
+    folder, then ``os.replace``), so a reader never sees half a table and a failure leaves the old
+    one. Returns the merged raw table."""
+    table = {}
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                table = json.load(f)
+        except (OSError, ValueError) as e:
+            raise CompileError(f"schedule table {path}: cannot be read to merge into ({e}); "
+                               f"fix or remove it") from None
+        parse_table(table, path)
+    for key in drop:
+        table.pop(key, None)
+    table.update(entries)
+    parse_table(table, "the merged schedule table")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(table, f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return table
 
 
 def load_table(path):

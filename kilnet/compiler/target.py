@@ -24,6 +24,7 @@ class Target:
     local_mem: int = 32768     # bytes
     name: str = ""
     implementation: str = ""   # intel, pocl, nvidia, ... (runtime.device.implementation)
+    driver: str = ""           # the driver version: part of the key of a tuned schedule table
     # {launch name or kernel family: Schedule}: overrides laid over the policy (compiler/schedule.py)
     schedules: dict = field(default=None, hash=False, repr=False)
 
@@ -44,7 +45,8 @@ class Target:
         if kind not in ("cpu", "gpu"):
             raise CompileError(f"KILNET_TARGET must be 'cpu' or 'gpu', got {kind!r}")
         target = cls(kind, device.max_work_group_size, device.max_compute_units,
-                     device.local_mem_size, device.name.strip(), impl)
+                     device.local_mem_size, device.name.strip(), impl,
+                     device.driver_version.strip())
         path = sched.table_path(target)
         return target if path is None else replace(target, schedules=sched.load_table(path))
 
