@@ -334,7 +334,7 @@ class _Session:
 
     def outputs(self, model, item, before=None):
         """Run ``item``'s call up to its kernel, then the kernel's launches: (their names, the
-        buffers they name, read back, and the arenas as they were before the kernel). With
+        buffers they write, read back, and the arenas as they were before the kernel). With
         ``before`` (those arenas, from a plan of the same layout), they are written instead of
         running the launches before the kernel again."""
         ex, seq = model._exec, model.steps[item.call]
@@ -350,7 +350,7 @@ class _Session:
                 ex.write_span(role, 0, host.size, host)
         ex.run(group)
         return [la.name for la in group], {b: ex.read(b) for la in group
-                                           for b in la.buffers.values()}, before
+                                           for b in la.writes}, before
 
     def tune_item(self, item, deadline, log):
         """(Row, whether every candidate was tried)."""
