@@ -282,22 +282,23 @@ def median_ms(ts):
     return statistics.median(ts) * 1e3
 
 
-def alternate(fns, steps, warmup):
-    """Call each fn in turn ``warmup`` times untimed, then ``steps`` times timed, alternating.
-    Each round starts one fn later, so that every fn runs after every other equally often: the
-    call after another process's or context's work pays for the switch (on the H200 a kilnet
-    model timed right after PyTorch took 0.255 ms for a forward that took 0.089 ms right after
-    an identical kilnet model)."""
+def alternate(fns, steps, warmup, block=10):
+    """Call each fn ``warmup`` times untimed, then time ``steps`` calls of each, in blocks of
+    ``block`` calls of one fn that take turns; the first call of every block is not timed. A call
+    right after another fn pays for switching to it, which a program running only that fn never
+    pays: on the H200 a kilnet step right after a PyTorch step (CUDA and OpenCL contexts
+    time-sharing the GPU) took 0.64 ms against 0.30-0.36 ms back to back."""
     for _ in range(warmup):
         for f in fns:
             f()
     times = [[] for _ in fns]
-    for r in range(steps):
-        for i in range(len(fns)):
-            j = (r + i) % len(fns)
-            t0 = time.perf_counter()
-            fns[j]()
-            times[j].append(time.perf_counter() - t0)
+    while len(times[0]) < steps:
+        for f, ts in zip(fns, times):
+            f()
+            for _ in range(min(block, steps - len(ts))):
+                t0 = time.perf_counter()
+                f()
+                ts.append(time.perf_counter() - t0)
     return [median_ms(ts) for ts in times]
 
 
