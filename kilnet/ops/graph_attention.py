@@ -131,8 +131,8 @@ class GraphAttention(Op):
         else:
             words = -(-U // 32)
             mask = np.zeros((U, words), np.uint64)
-            for q, k in adj["edges"]:
-                mask[q, k // 32] |= np.uint64(1) << np.uint64(k % 32)
+            for q, key in adj["edges"]:
+                mask[q, key // 32] |= np.uint64(1) << np.uint64(key % 32)
             bits = ", ".join(f"{int(v):#x}u" for v in mask.reshape(-1))
             connected = f"(int)((adj_bits[q * {words} + (k >> 5)] >> (k & 31)) & 1u)"
         item = 8 if ctx.dtype == "double" else 4
