@@ -476,8 +476,8 @@ def run_workload(key, batch, o):
     flops, bytes_ = 3 * 2.0 * macs * batch, 7 * 4.0 * nparams
     row["floor_ms"] = floor_ms(flops, bytes_, o.peaks)
     if PER_KERNEL:
-        per_kernel(f"{key} train batch {batch}" + (" (tuned table)" if len(models) > 1 else ""),
-                   models[-1], feeds, targets, o)
+        for m, how in zip(models, ("", " (with the table)") if len(models) > 1 else ("",)):
+            per_kernel(f"{key} train batch {batch}{how}", m, feeds, targets, o)
     return row
 
 

@@ -238,8 +238,9 @@ def cmd_tune(args):
                                                                       flush=True))
     print(result.report())
     if result.path:
-        print(f"\nwrote {len(result.entries)} entries (removed {len(result.dropped)}) to "
-              f"{result.path} in {result.seconds:.0f} s")
+        print(f"\nwrote {len(result.entries)} entries to {result.path} in {result.seconds:.0f} s "
+              f"({len(result.dropped)} launches keep the policy's schedule: any entries of theirs "
+              f"were removed)")
     else:
         print(f"\n{'dry run: ' if args.dry_run else ''}nothing written ({len(result.entries)} "
               f"entries found in {result.seconds:.0f} s)")

@@ -200,7 +200,7 @@ def test_cli_tunes_a_model_file_end_to_end(tmp_path, table, slow_policy, monkeyp
                              "--out", str(out_path))
     assert code == 0, err
     assert "launch" in out and "speedup" in out and LAUNCH in out
-    assert f"wrote 1 entries (removed 0) to {out_path}" in out
+    assert f"wrote 1 entries to {out_path} in " in out
     assert "tuning <kilnet.Model 'tunable'" in err
     assert list(json.loads(out_path.read_text()).values()) == [{"block": [4, 4]}]
     assert not table.exists()                          # --out, not the device's table
@@ -281,3 +281,18 @@ def test_a_candidate_the_device_cannot_run_is_skipped(table, slow_policy, monkey
     [row] = result.rows
     assert row.tried == 1 and row.best == {"block": [4, 4], "local": [8, 1, 1]}, result.report()
     assert "block 4x4 refused: kernel dense_1_forward" in capsys.readouterr().out
+
+
+def test_an_entry_the_policy_now_beats_is_removed_and_others_kept(table, monkeypatch):
+    """The policy's schedule against one honestly slow candidate (one output element per
+    work-item, groups of one): the policy wins, so the launch's old entry goes; the rest of the
+    table stays."""
+    model = build()
+    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "kvec": True})
+    table.parent.mkdir(parents=True)
+    table.write_text(json.dumps({key: {"block": [1, 1]}, "other.forward": {"local": [8]}}))
+    few_candidates(monkeypatch, {"block": [1, 1], "local": [1, 1, 1]})
+    result = tune.tune(model, budget=60, only=LAUNCH)
+    [row] = result.rows
+    assert row.tried == 1 and row.best is None and result.dropped == [key], result.report()
+    assert json.loads(table.read_text()) == {"other.forward": {"local": [8]}}
