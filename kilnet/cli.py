@@ -276,8 +276,7 @@ def parser():
     p.add_argument("--kernel", metavar="NAME", help="print the OpenCL source of this launch "
                    "(e.g. dense_1.forward) instead of the tables")
     p.add_argument("--memory", action="store_true", help="print the memory map (buffers, roles, offsets)")
-    p.add_argument("--batch", type=int, default=1,
-                   help="batch to compile for when the function returns a kn.Graph (default 1)")
+    graph_batch(p)
     p.set_defaults(func=cmd_inspect)
     p = sub.add_parser("export", help="write a bundle that runs the model without Python "
                        "(kernels.cl, plan.json, raw parameters), and an MQL5 include",
@@ -292,8 +291,7 @@ def parser():
     p.add_argument("--train", action="store_true",
                    help="also the train_step call, the targets and the optimizer moments")
     p.add_argument("--mql5", metavar="OUT.mqh", help="also write an MQL5 include (and OUT.cl)")
-    p.add_argument("--batch", type=int, default=1,
-                   help="batch to compile for when the function returns a kn.Graph (default 1)")
+    graph_batch(p)
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("tune", help="time candidate launch schedules on the device and save the "
                        "fastest in its schedule table",
@@ -323,6 +321,12 @@ def parser():
                        add_help=False)
     p.set_defaults(func=cmd_bench)
     return ap
+
+
+def graph_batch(p):
+    """--batch of the commands that load a model-building function, as inspect and export do."""
+    p.add_argument("--batch", type=int, default=1,
+                   help="batch to compile for when the function returns a kn.Graph (default 1)")
 
 
 def main(argv=None):
