@@ -372,6 +372,7 @@ class Options:
         self.steps, self.warmup = a.steps, a.warmup
         self.torch_compile = a.torch_compile and torch is not None
         self.table = a.table
+        self.plan_kernel = a.plan_kernel
         self.tune, self.tune_budget = a.tune, a.tune_budget
         self.reports = []           # the tuner's, printed after the table
         self.fma_peak = None        # GFLOP/s, measured when --per-kernel asks for it
@@ -383,23 +384,34 @@ class Options:
 
 
 @contextlib.contextmanager
-def schedules(path):
-    """KILNET_SCHEDULES=path while models compile (None: leave it as it is)."""
-    old = os.environ.get("KILNET_SCHEDULES")
-    if path is not None:
-        os.environ["KILNET_SCHEDULES"] = path
+def setting(var, value):
+    """Environment variable ``var`` = value while models compile (None: leave it as it is)."""
+    old = os.environ.get(var)
+    if value is not None:
+        os.environ[var] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("KILNET_SCHEDULES", None)
+            os.environ.pop(var, None)
         else:
-            os.environ["KILNET_SCHEDULES"] = old
+            os.environ[var] = old
+
+
+def schedules(path):
+    return setting("KILNET_SCHEDULES", path)
 
 
 def kilnet_models(o, what, batch, g, **kw):
     """[the model as configured] or, with a table, [policy only, with the table], after tuning
-    the policy's model into the table when asked."""
+    the policy's model into the table when asked; with --plan-kernel [separate launches, through
+    the plan kernel]."""
+    if o.plan_kernel:
+        models = []
+        for flag in ("0", "1"):
+            with setting("KILNET_PLAN_KERNEL", flag):
+                models.append(kn.compile(g, batch=batch, device=o.device, seed=0, **kw))
+        return models
     if o.table is None:
         return [kn.compile(g, batch=batch, device=o.device, seed=0, **kw)]
     with schedules(o.no_table):
@@ -446,7 +458,7 @@ def run_workload(key, batch, o):
         ("running_mean", "running_var")))
     fns = [lambda m=m: m.train_step(feeds, targets) for m in models]
     ts = None
-    cols = ["kilnet_ms", "tuned_ms"][:len(models)]
+    cols = ["kilnet_ms", "plan_ms" if o.plan_kernel else "tuned_ms"][:len(models)]
     if torch is not None:
         state = {k for k in model.params if k.endswith(("running_mean", "running_var"))}
         params = tparams(dict(model.params.items()))
@@ -470,6 +482,9 @@ def run_workload(key, batch, o):
     row.update(zip(cols, times))
     row["kilnet_host_ms"] = host_ms(lambda: kilnet_enqueue_step(model, feeds, targets),
                                     model._exec.finish, max(5, o.steps // 4))
+    if o.plan_kernel:
+        row["plan_host_ms"] = host_ms(lambda: kilnet_enqueue_step(models[1], feeds, targets),
+                                      models[1]._exec.finish, max(5, o.steps // 4))
     if ts:
         row["torch_host_ms"] = host_ms(lambda: ts.eager_enqueue(xn, tn), ts.sync,
                                        max(5, o.steps // 4))
@@ -553,7 +568,7 @@ def run_forward(key, o):
            "launches": len(model.steps["forward"])}
     nparams = sum(np.size(v) for _, v in model.params.items())
     fns = [lambda m=m: m.forward(feeds) for m in models]
-    cols = ["kilnet_ms", "tuned_ms"][:len(models)]
+    cols = ["kilnet_ms", "plan_ms" if o.plan_kernel else "tuned_ms"][:len(models)]
     if torch is not None:
         import torch.nn.functional as F
         P = {k: torch.tensor(np.asarray(v, np.float32), device=dev)
@@ -622,19 +637,22 @@ def fmt(v, spec=".3f"):
     return "-" if v is None else format(v, spec)
 
 
-def columns(gpu, tuned=False, compiled=False):
+def columns(gpu, tuned=False, compiled=False, plan=False):
     cols = [("workload", 11, "s"), ("what", 8, "s"), ("batch", 6, "d"), ("launches", 9, "d"),
-            ("kilnet_ms", 11, ".3f")] + ([("tuned_ms", 10, ".3f")] if tuned else []) + [
-            ("torch_ms", 10, ".3f")]
+            ("kilnet_ms", 11, ".3f")] + ([("tuned_ms", 10, ".3f")] if tuned else []) + (
+            [("plan_ms", 10, ".3f")] if plan else []) + [("torch_ms", 10, ".3f")]
     if gpu:
         cols.append(("graph_ms", 10, ".3f"))
     if compiled:
         cols.append(("compiled_ms", 12, ".3f"))
     return cols + [("ratio_eager", 12, ".2f")] + ([("ratio_graph", 12, ".2f")] if gpu else []) + (
         [("ratio_tuned", 12, ".2f")] if tuned else []) + (
+        [("plan_eager", 11, ".2f")] + ([("plan_graph", 11, ".2f")] if gpu else []) + [
+            ("plan_gain", 10, ".2f")] if plan else []) + (
         [("ratio_compiled", 15, ".2f")] if compiled else []) + (
         [("tuned_compiled", 15, ".2f")] if tuned and compiled else []) + [
-        ("kilnet_host_ms", 15, ".3f"), ("torch_host_ms", 14, ".3f"), ("floor_ms", 9, ".3f"),
+        ("kilnet_host_ms", 15, ".3f")] + ([("plan_host_ms", 13, ".3f")] if plan else []) + [
+        ("torch_host_ms", 14, ".3f"), ("floor_ms", 9, ".3f"),
         ("of_floor", 9, ".1%"), ("samples_s", 11, ".0f"), ("loss_rel", 9, ".0e")]
 
 
@@ -648,6 +666,10 @@ def row_line(r, cols, out):
     r["ratio_tuned"] = r["torch_ms"] / r["tuned_ms"] if r.get("tuned_ms") and r.get("torch_ms") \
         else None
     r["ratio_compiled"] = r["compiled_ms"] / r["kilnet_ms"] if r.get("compiled_ms") else None
+    if r.get("plan_ms"):
+        r["plan_eager"] = r["torch_ms"] / r["plan_ms"] if r.get("torch_ms") else None
+        r["plan_graph"] = r["graph_ms"] / r["plan_ms"] if r.get("graph_ms") else None
+        r["plan_gain"] = r["kilnet_ms"] / r["plan_ms"]
     r["tuned_compiled"] = r["compiled_ms"] / r["tuned_ms"] if r.get("compiled_ms") and \
         r.get("tuned_ms") else None
     r["of_floor"] = r["floor_ms"] / r["kilnet_ms"] if r.get("floor_ms") else None
@@ -693,6 +715,9 @@ def main(argv=None):
     ap.add_argument("--table", metavar="T.json", default=None,
                     help="also time kilnet with this schedule table (tuned_ms) next to the policy "
                          "alone (kilnet_ms)")
+    ap.add_argument("--plan-kernel", action="store_true",
+                    help="time kilnet as separate launches (kilnet_ms, KILNET_PLAN_KERNEL=0) and "
+                         "through the plan kernel (plan_ms, KILNET_PLAN_KERNEL=1), side by side")
     ap.add_argument("--tune", action="store_true",
                     help="first tune each row's model into the table (--table, default the "
                          "device's own)")
@@ -701,6 +726,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.tune_budget <= 0:
         ap.error(f"--tune-budget must be > 0, got {a.tune_budget}")
+    if a.plan_kernel and (a.table or a.tune):
+        ap.error("--plan-kernel compares two models per row, as --table does: use one of them")
     if a.table is not None and not a.tune and not os.path.isfile(a.table):
         ap.error(f"--table {a.table}: no such file (add --tune to create it)")
     global PER_KERNEL
@@ -740,8 +767,10 @@ def main(argv=None):
     if a.table:
         print(f"kilnet_ms: the policy's schedules alone; tuned_ms: with the table {a.table}"
               + (f" (tuned first, {a.tune_budget:g} s per model)" if a.tune else ""), flush=True)
+    if a.plan_kernel:
+        print("kilnet_ms: separate launches; plan_ms: through the plan kernel", flush=True)
     cols = columns(gpu and torch is not None, tuned=a.table is not None,
-                   compiled=o.torch_compile)
+                   compiled=o.torch_compile, plan=a.plan_kernel)
     header(cols, print)
     failures = []
     for key in a.only.split(","):

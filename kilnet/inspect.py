@@ -14,7 +14,7 @@ def summary(model):
     out = [f"model {g.name!r}: batch {plan.batch}, {plan.dtype}, "
            f"{'training' if plan.training else 'inference'} plan on {model.device.name.strip()}"
            + (f" ({plan.target.implementation}, {plan.target.kind} kernel form)" if plan.target else ""),
-           "submit: " + model._exec.submit.why + _one_at_a_time(plan)]
+           "submit: " + model._exec.submit.why + _one_at_a_time(plan) + _no_plan_kernel(model)]
     if plan.optimizer is not None:
         out.append(f"optimizer {plan.optimizer!r}; loss {plan.loss}")
     out.append("")
@@ -32,6 +32,12 @@ def summary(model):
     out.append(f"launches: {len(plan.launches)} ({', '.join(f'{k} {v}' for k, v in phases.items())}); "
                f"distinct kernels: {len(plan.sources)}")
     return "\n".join(out)
+
+
+def _no_plan_kernel(model):
+    why = model._exec.plan_kernel_why
+    return f"; no plan kernel: {why}" if why and model.plan.target and \
+        model.plan.target.plan_kernel else ""
 
 
 def _one_at_a_time(plan):

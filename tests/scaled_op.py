@@ -8,12 +8,9 @@ from kilnet.ops.base import kernel, keeps_preactivation, out
 
 TEMPLATE = """\
 {% import "common.cl.j2" as c %}
-__kernel void {{ kname }}({{ c.signature(args) }})
-{
-{{- c.bind(args) }}
 {%- if mode == "dscale" %}
+{{ c.kernel(kname, args, (L, 1, 1), [("real", "part", (L,))]) }}
     /* ds = Σ dz·x: one work-group; each lane sums every L-th product, the tree adds the lanes */
-    __local real part[{{ L }}];
     const int l = get_local_id(0);
     real s = (real)0;
     for (int i = l; i < {{ N }}; i += {{ L }}) s += dout[i] * inp[i];
@@ -21,6 +18,7 @@ __kernel void {{ kname }}({{ c.signature(args) }})
     {{ c.tree("l", L, "part[%s]") }}
     if (l == 0) dscale[0] = part[0];
 {%- else %}
+{{ c.kernel(kname, args) }}
 {%- call(_) c.map("i", N) %}
 {%- if mode == "forward" %}
     const real x = scale[0] * inp[i];

@@ -12,7 +12,7 @@ from ..errors import CompileError, GraphError
 from ..ops import get_op
 from ..ops.base import Collective, inout, op_kinds
 from ..ops.losses import ELEMENTWISE, check as check_loss, elementwise_loss, parts
-from . import memory, names
+from . import memory, names, persistent
 from .fusion import fuse_activation_derivatives, grad_writers, root
 from .plan import Arg, HostStep, Launch, Plan
 from .specialise import Specialiser
@@ -227,7 +227,7 @@ class Lowering:
                 loss = self.buffer(names.loss_part(out_name), "loss",
                                    self.batch * parts(node.size))
                 self.emit(f"loss.{out_name}", "loss", [elementwise_loss(
-                    kind, self.target.kind, batch=self.batch, size=node.size, out=self.value_buffer(node),
+                    kind, self.target, batch=self.batch, size=node.size, out=self.value_buffer(node),
                     target=target, loss=loss, dout=ctx.dx(0), accumulate=ctx.acc(0))])
             self.loss_parts.append(loss)
             self.targets[out_name] = target
@@ -350,6 +350,16 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
             raise CompileError(f"graph {graph.name!r} at batch {batch}: the {role} arena needs "
                                f"{size} elements; at most 2^32 - 1 are addressable")
     poisonable = _written_first(lo.launches)
+    plan_kernel, why = None, "the device's target does not ask for one"
+    if target.plan_kernel:
+        if debug_buffers:
+            why = "debug_buffers gives every buffer its own allocation"
+        elif ranks > 1:
+            why = "data-parallel plans stop between launches for their collectives"
+        else:
+            plan_kernel, lo.spec.sources[persistent.NAME] = persistent.build(
+                lo.launches, lo.spec, lo.spec.header, target)
+            why = None
     return Plan(graph=graph, batch=batch, dtype=dtype, loss=dict(loss), optimizer=optimizer,
                 input_grads=input_grads, debug_buffers=debug_buffers,
                 buffers=lo.buffers, arenas=lo.arenas, sources=lo.spec.sources, launches=lo.launches,
@@ -360,7 +370,7 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                 input_grad_buffers=lo.input_grad_buffers,
                 params={p: p for p in lo.params}, state={s: s for s in lo.state},
                 poisonable=poisonable, target=target, ranks=ranks,
-                host_steps=lo.collectives)
+                host_steps=lo.collectives, plan_kernel=plan_kernel, plan_kernel_why=why)
 
 
 def check_loss_spec(graph, loss):

@@ -88,6 +88,10 @@ class Plan:
     target: object = None       # the compiler.target.Target the kernels were specialised for
     ranks: int = 1              # data-parallel ranks the plan was made for (batch is per rank)
     host_steps: list = field(default_factory=list)   # HostStep: collectives between launches
+    # The plan kernel that runs launch sequences in one launch (compiler/persistent.py), or None
+    # and why not.
+    plan_kernel: object = None
+    plan_kernel_why: str = "the device's target does not ask for one"
 
     def phase(self, *names):
         return [launch for launch in self.launches if launch.phase in names]

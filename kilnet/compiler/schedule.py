@@ -89,6 +89,31 @@ LARGE_TILES = ((128, 128, 8, 8), (128, 64, 8, 4), (64, 64, 8, 8), (64, 64, 4, 4)
 FILL = 0.9            # the least share of the compute units a product's last round of groups fills
 
 
+def tile_lanes(tiles):
+    TM, TN, RM, RN = tiles
+    return (TM // RM) * (TN // RN)
+
+
+def to_lanes(tiles, lanes):
+    """``tiles`` reshaped to take exactly ``lanes`` work-items (a plan kernel's work-group): the
+    lanes' blocks halved, the larger first, while there are too few lanes; the tile widened while
+    even 1×1 blocks leave lanes over; blocks doubled while there are too many."""
+    TM, TN, RM, RN = tiles
+    while tile_lanes((TM, TN, RM, RN)) < lanes and (RM > 1 or RN > 1):
+        if RM >= RN:
+            RM //= 2
+        else:
+            RN //= 2
+    while tile_lanes((TM, TN, RM, RN)) < lanes:
+        TN *= 2
+    while tile_lanes((TM, TN, RM, RN)) > lanes:
+        if RN <= RM and RN < TN:
+            RN *= 2
+        else:
+            RM *= 2
+    return TM, TN, RM, RN
+
+
 def large_form(shape, tiles, depth):
     """Whether a product runs as gemm_large.cl.j2: its operands are affine in their indices
     (shape["affine"]), each lane's block is made of real4s, and the group's lanes share a tile's
@@ -123,7 +148,8 @@ def gemm_schedule(target, shape, dtype):
     if shape.get("affine") and M >= 32 and N >= 32:
         small = min(M, N) < 64
         fits = [t for t in LARGE_TILES if t[0] <= M and t[1] <= N and (small or t[0] >= 64)
-                and gemm_local_bytes(shape, t, LARGE_TK, dtype) <= target.local_mem]
+                and gemm_local_bytes(shape, t, LARGE_TK, dtype) <= target.local_mem
+                and target.lanes in (None, tile_lanes(t))]
         splits = [s for s in (1, 2, 4) if s == 1 or
                   (shape.get("splittable") and K >= s * 8 * LARGE_TK)]
         units = target.compute_units
@@ -136,6 +162,8 @@ def gemm_schedule(target, shape, dtype):
             t = fits[-1]
             return Schedule(tiles=t, depth=LARGE_TK, split=_gemm_split(target, shape, t, LARGE_TK))
     t = tiles(M, N, target.compute_units)
+    if target.lanes:
+        t = to_lanes(t, target.lanes)
     return Schedule(tiles=t, depth=TK, split=_gemm_split(target, shape, t, TK))
 
 
@@ -143,14 +171,15 @@ def policy(target, kind, dtype="float", **shape):
     """The default schedule of a launch of family ``kind`` (see ``TUNABLE``) on ``target``."""
     V = vector_width(target.kind, dtype)
     if kind == "map":            # one work-item per element, row or vector; shape: dims, vectors
-        return Schedule(local=(LANES,) + (1,) * (shape.get("dims", 1) - 1),
+        return Schedule(local=(target.lanes or LANES,) + (1,) * (shape.get("dims", 1) - 1),
                         vector=V if shape.get("vectors") else None)
     if kind == "vector_map":     # one work-item per vector of V elements
-        return Schedule(local=(CPU_VECTOR_LANES if V > 1 else LANES,), vector=V)
+        return Schedule(local=(target.lanes or (CPU_VECTOR_LANES if V > 1 else LANES),),
+                        vector=V)
     if kind == "gemm":           # shape: M, N, K, splittable, affine
         return gemm_schedule(target, shape, dtype)
     if kind == "gemv":
-        L = min(128, pow2_at_least(shape["K"], 128))
+        L = target.lanes or min(128, pow2_at_least(shape["K"], 128))
         return Schedule(local=(L, 1, 1))
     if kind == "gemm_vec":       # shape: M, N, kvec
         M, N = shape["M"], shape["N"]
@@ -165,9 +194,11 @@ def policy(target, kind, dtype="float", **shape):
     if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
         #                          queries of a head): a power of two up to GROUP_LANES
         cap = min(GROUP_LANES, target.max_work_group)
-        return Schedule(local=(pow2_at_least(shape["items"], cap),))
+        return Schedule(local=(target.lanes or pow2_at_least(shape["items"], cap),))
     if kind == "column_sum":     # shape: rows, cols
         LY = 1 if target.kind == "cpu" else min(16, pow2_at_least(-(-shape["rows"] // 8), 16))
+        if target.lanes:
+            return Schedule(local=(target.lanes // LY, LY))
         return Schedule(local=(min(LANES // LY, pow2_at_least(shape["cols"], LANES // LY)), LY))
     if kind == "chunks":         # CPU: a work-item per chunk of a row; shape: chunks
         return Schedule(local=(min(16, pow2_at_least(shape["chunks"], 16)), 1))

@@ -38,11 +38,35 @@ class KernelArg(str):
         return arg
 
 
-def render(template, consts, names, access):
+class KernelName(str):
+    """The kernel's name as templates see it; ``phase`` asks ``c.kernel`` for the body as a
+    phase (a device function) of the plan kernel instead of a kernel (compiler/persistent.py)."""
+
+    def __new__(cls, name, phase=False):
+        kname = super().__new__(cls, name)
+        kname.phase = phase
+        kname.group, kname.locals = None, ()
+        return kname
+
+    def declare(self, group, locals):
+        """What ``c.kernel`` says of the body: the work-group size it requires (it has barriers
+        or local arrays), None if any will do, and its local arrays as (type, name, dims)."""
+        self.group = tuple(group) if group else None
+        self.locals = tuple((t, n, tuple(dims)) for t, n, dims in locals)
+        return ""
+
+
+def render(template, consts, names, access, phase=False):
+    return render_declared(template, consts, names, access, phase)[0]
+
+
+def render_declared(template, consts, names, access, phase=False):
+    """(source, KernelName): the render and what its ``c.kernel`` declared."""
     args = [KernelArg(n, a) for n, a in zip(names, access)]
-    body = _env.get_template(f"{template}.cl.j2").render(kname=PLACEHOLDER, args=args, **consts)
+    kname = KernelName(PLACEHOLDER, phase)
+    body = _env.get_template(f"{template}.cl.j2").render(kname=kname, args=args, **consts)
     # Drop the blank lines that Jinja's control blocks leave behind.
-    return "\n".join(line for line in body.splitlines() if line.strip()) + "\n"
+    return "\n".join(line for line in body.splitlines() if line.strip()) + "\n", kname
 
 
 class Specialiser:
@@ -51,6 +75,7 @@ class Specialiser:
     def __init__(self, dtype):
         self.header = header(dtype)
         self.sources = {}          # kernel name -> full program source
+        self.renders = {}          # kernel name -> what it was rendered from (phase_body)
         self._by_body = {}
 
     def kernel_for(self, launch_name, template, consts, names, access):
@@ -62,4 +87,12 @@ class Specialiser:
                 kname += "_"
             self.sources[kname] = self.header + body.replace(PLACEHOLDER, kname)
             self._by_body[digest] = kname
+            self.renders[kname] = (template, consts, names, access)
         return self._by_body[digest]
+
+    def phase(self, kname):
+        """Kernel ``kname`` rendered as a phase of the plan kernel: (a device function of the same
+        name and body, without the header, which the plan kernel has once; the work-group size
+        the body requires or None; its local arrays)."""
+        body, declared = render_declared(*self.renders[kname], phase=True)
+        return body.replace(PLACEHOLDER, kname), declared.group, declared.locals

@@ -14,6 +14,17 @@ from . import schedule as sched
 #          barriers too, and the gpu form's barriers cost it more than they cost a GPU.
 #   pocl:  the cpu form was tuned on it (it runs a work-group as a loop split at each barrier).
 FORMS = {"intel": "cpu", "pocl": "cpu"}
+# Implementations whose steps run as one plan kernel (compiler/persistent.py) by default; with
+# KILNET_PLAN_KERNEL=1|0 it is on or off. None yet: on an H200 (benchmarks/results/
+# nvidia-h200-plan-kernel-2026-11-30.txt) it cut the host's time per step 3-6x and made W1's
+# train steps at batch 1 and 64 1.12x faster, but W2 at batch 32 and W1 at batch 1024 0.77-0.84x
+# (one work-group per compute unit, a grid barrier per launch), so it is opt-in.
+PLAN_KERNEL = ()
+# ... and those that cannot run one.
+NO_PLAN_KERNEL = {"pocl": "PoCL had not compiled a 15-phase plan kernel after 2 minutes (it "
+                          "turns a work-group into loops split at every barrier)",
+                  "intel": "Intel's CPU compiler (2026.22) crashed in about half of the builds of "
+                           "a plan kernel (a segfault in its ReduceCrossBarrierValuesPass)"}
 
 
 @dataclass(frozen=True)
@@ -25,8 +36,16 @@ class Target:
     name: str = ""
     implementation: str = ""   # intel, pocl, nvidia, ... (runtime.device.implementation)
     driver: str = ""           # the driver version: part of the key of a tuned schedule table
+    plan_kernel: bool = False  # run launch sequences as one plan kernel (compiler/persistent.py)
     # {launch name or kernel family: Schedule}: overrides laid over the policy (compiler/schedule.py)
     schedules: dict = field(default=None, hash=False, repr=False)
+
+    @property
+    def lanes(self):
+        """With a plan kernel, the one work-group size of every launch whose body requires one
+        (a plan kernel has one work-group size; a launch that needs another runs apart); else
+        None, and each launch's schedule chooses its own."""
+        return min(sched.GROUP_LANES, self.max_work_group) if self.plan_kernel else None
 
     def schedule(self, kind, name, dtype="float", **shape):
         """The schedule of launch ``name`` of family ``kind``: the one policy's, overridden by this
@@ -44,9 +63,16 @@ class Target:
                 or ("cpu" if device.type & cl.device_type.CPU else "gpu"))
         if kind not in ("cpu", "gpu"):
             raise CompileError(f"KILNET_TARGET must be 'cpu' or 'gpu', got {kind!r}")
+        one = os.environ.get("KILNET_PLAN_KERNEL")
+        if one not in (None, "", "0", "1"):
+            raise CompileError(f"KILNET_PLAN_KERNEL must be '0' or '1', got {one!r}")
+        if one == "1" and impl in NO_PLAN_KERNEL:
+            raise CompileError(f"KILNET_PLAN_KERNEL=1 on {device.name.strip()}: "
+                               f"{NO_PLAN_KERNEL[impl]}")
         target = cls(kind, device.max_work_group_size, device.max_compute_units,
                      device.local_mem_size, device.name.strip(), impl,
-                     device.driver_version.strip())
+                     device.driver_version.strip(),
+                     one == "1" if one else impl in PLAN_KERNEL)
         path = sched.table_path(target)
         return target if path is None else replace(target, schedules=sched.load_table(path))
 

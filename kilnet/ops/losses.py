@@ -19,10 +19,10 @@ def parts(size):
     return -(-size // CHUNK)
 
 
-def elementwise_loss(kind, target_kind, *, batch, size, out, target, loss, dout, accumulate):
+def elementwise_loss(kind, device, *, batch, size, out, target, loss, dout, accumulate):
     """Per (sample, chunk) its share of the mean loss, and the gradient of the mean loss with
-    respect to ``out``."""
-    L = 1 if target_kind == "cpu" else GPU_LANES
+    respect to ``out``. ``device``: the compiler's Target."""
+    L = 1 if device.kind == "cpu" else device.lanes or GPU_LANES
     consts = dict(kind=kind, B=batch, N=size, CH=CHUNK, P=parts(size), L=L, accumulate=accumulate,
                   input_grad=dout is not None)
     bufs = {"out": out, "target": target, "loss": written(loss)}

@@ -181,7 +181,7 @@ class MultiWindowConv(Op):
             glob, local, L = (FB, len(units)), (1, 1, 1), 1
         else:
             item = 8 if ctx.dtype == "double" else 4
-            L = min(256, target.max_work_group, pow2_at_least(J, 256))
+            L = target.lanes or min(256, target.max_work_group, pow2_at_least(J, 256))
             while L > 1 and (KT + 1) * L * item > target.local_mem // 2:
                 L //= 2
             slices = ctx.schedule("backward_params", "slices", groups=F * len(units), rows=J,

@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import CompileError, MemoryCheckError
 from . import device as devmod
 from . import submit
+from .plan_kernel import PlanKernelSubmit, groups_for, options as plan_kernel_options
 from .program import build
 
 NP_DTYPE = {"float32": np.float32, "float64": np.float64}
@@ -45,7 +46,8 @@ class Executor:
         self.bound = {}                 # filled below; the submitter reads it at run time
         self.submit = submit.choose(self.device, self.queue, self.bound,
                                     printf=any("printf" in s for s in plan.sources.values()))
-        programs = {k: build(dc, k, src) for k, src in plan.sources.items()}
+        programs = {k: build(dc, k, src, plan_kernel_options(self.device) if plan.plan_kernel is not None and
+                             k == plan.plan_kernel.name else ()) for k, src in plan.sources.items()}
         kernels = {launch.name: cl.Kernel(programs[launch.kernel], launch.kernel)
                    for launch in plan.launches}
         self._check_kernels(kernels)
@@ -58,6 +60,23 @@ class Executor:
                 else:
                     k.set_arg(a.slot, np.uint32(self._offset(a.buffer)))
             self.bound[launch.name] = (k, launch.global_size, launch.local_size)
+        self.plan_kernel_why = plan.plan_kernel_why
+        if plan.plan_kernel is not None:
+            self._use_plan_kernel(programs[plan.plan_kernel.name])
+
+    def _use_plan_kernel(self, program):
+        """Submit through the plan kernel where it fits the device (else say why not)."""
+        cl, name = self.cl, self.plan.plan_kernel.name
+        local, group, has = limits(cl.Kernel(program, name), self.device)
+        lanes = self.plan.plan_kernel.lanes
+        if local > has or lanes > group:
+            self.plan_kernel_why = (f"it needs {local} bytes of local memory ({has} here) and "
+                                    f"work-groups of {lanes} (at most {group} here)")
+            return
+        self.empty = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, self.item)
+        self.submit = PlanKernelSubmit(self.submit, self, lambda: cl.Kernel(program, name),
+                                       groups_for(self.device))
+        self.plan_kernel_why = None
 
     def _check_device(self):
         d, plan = self.device, self.plan

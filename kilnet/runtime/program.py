@@ -62,17 +62,19 @@ def _to_disk(cl, program, path):
         pass                       # a cache that cannot be written only costs time
 
 
-def build(device_ctx, kname, source):
+def build(device_ctx, kname, source, options=()):
     import pyopencl as cl
     ctx, _queue, cache = device_ctx
-    program = cache.get(source)
+    options = list(options)
+    key = source if not options else " ".join(options) + "\n" + source
+    program = cache.get(key)
     if program is None:
         dump = os.environ.get("KILNET_DUMP_KERNELS")
         if dump:
             os.makedirs(dump, exist_ok=True)
             with open(os.path.join(dump, f"{kname}.cl"), "w") as f:
                 f.write(source)
-        stem = os.path.join(cache_dir(), _key(ctx.devices[0], source))
+        stem = os.path.join(cache_dir(), _key(ctx.devices[0], key))
         path = stem + ".bin"
         program = None if dump else _from_disk(cl, ctx, path)
         if program is None:
@@ -81,7 +83,7 @@ def build(device_ctx, kname, source):
                 # is noise to a user, so it goes to the dump folder instead of a warning.
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", cl.CompilerWarning)
-                    program = cl.Program(ctx, source).build(cache_dir=False)
+                    program = cl.Program(ctx, source).build(options=options, cache_dir=False)
             except cl.RuntimeError as e:
                 raise CompileError(_explain(kname, source, str(e))) from None
             if os.path.exists(stem + ".seen"):
@@ -94,7 +96,7 @@ def build(device_ctx, kname, source):
             if log.strip():
                 with open(os.path.join(dump, f"{kname}.log"), "w") as f:
                     f.write(log + "\n")
-        cache[source] = program
+        cache[key] = program
     return program
 
 

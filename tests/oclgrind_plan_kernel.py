@@ -1,0 +1,104 @@
+"""The plan kernel (compiler/persistent.py) run, and checked against separate launches of the
+same plan; tests/test_oclgrind.py runs this script under Oclgrind, and on a GPU it runs as it is
+(`KILNET_DEVICE=nvidia python tests/oclgrind_plan_kernel.py`; benchmarks/results has the H200's).
+
+Both forms of the same plan run the same kernel bodies on the same data in the same order, so
+they must agree to the rounding of the dtype (not bit for bit: a compiler may treat a body
+inside the plan kernel differently). Checked over training steps and every call (each a
+different set of phases), in both kernel forms, on models that between them use every kernel
+family; with a launch that runs apart between two runs of the plan kernel; and a plan kernel
+whose work-groups cannot all run at once must raise.
+
+Oclgrind runs work-groups one after another, so there the plan kernel has one work-group and
+only a GPU tests the grid barrier between work-groups. Without debug_buffers (a plan kernel
+addresses the arenas) Oclgrind checks each access against its arena, not its buffer."""
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+import kilnet as kn
+from kernel_check import KERNELS, main
+from kilnet.model import Model
+from kilnet.runtime import plan_kernel
+from plan_kernel_models import MODELS, qnet_like
+
+os.environ["KILNET_PLAN_KERNEL"] = "1"
+ORACLE = "oclgrind" in " ".join(p.name.lower() for p in __import__("pyopencl").get_platforms())
+
+
+def same(a, b, what, dtype="float32"):
+    tol = 1e-12 if dtype == "float64" else 2e-5
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol, err_msg=what)
+
+
+def pair(build, batch, dtype="float32", apart=()):
+    """(through the plan kernel, as separate launches): two models of one plan, same start."""
+    g, loss, opt, feeds, targets = build()
+    one = kn.compile(g, batch=batch, optimizer=opt, loss=loss, dtype=dtype, seed=4)
+    pk = one.plan.plan_kernel
+    assert pk is not None and list(pk.apart) == list(apart), (one.summary(), pk.apart)
+    assert one._exec.submit.name == "plan kernel", one.summary()
+    two = Model(one.plan, one.device, seed=4)
+    two._exec.submit = two._exec.submit.inner
+    KERNELS.add(pk.name + one.plan.sources[pk.name])
+    return one, two, feeds, targets
+
+
+def agree(build, batch, steps, dtype="float32", apart=()):
+    one, two, feeds, targets = pair(build, batch, dtype, apart)
+    for step in range(steps):
+        f, t = feeds(batch), targets(batch)
+        same(one.train_step(f, t), two.train_step(f, t), f"loss of step {step}", dtype)
+        for k, v in one.gradients(f, t).items():
+            same(v, two.gradients(f, t)[k], f"gradient {k} after step {step}", dtype)
+        same(one.evaluate(f, t), two.evaluate(f, t), f"evaluation after step {step}", dtype)
+    for k in one.params:
+        same(one.params[k], two.params[k], k, dtype)
+    f = feeds(batch)
+    for k, v in one.forward(f).items():
+        same(v, two.forward(f)[k], f"forward output {k}", dtype)
+    print(f"{os.environ['KILNET_TARGET']} {build.__name__} {dtype} batch {batch}: agree over "
+          f"{steps} steps; {one._exec.submit.why}", flush=True)
+    return one
+
+
+def run():
+    steps = 2 if ORACLE else 5
+    for build in MODELS.values():
+        agree(build, 3, steps)
+    agree(qnet_like, 3, 1, "float64")
+    # A schedule table gives the softmax another work-group than the plan kernel's: it runs
+    # apart, between two runs of the plan kernel.
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"softmax_1.forward": {"local": [64]}}, f)
+    os.environ["KILNET_SCHEDULES"] = f.name
+    try:
+        one = agree(qnet_like, 3, 1, apart=["softmax_1.forward"])
+    finally:
+        del os.environ["KILNET_SCHEDULES"]
+        os.unlink(f.name)
+    runs = one._exec.submit.items[tuple(la.name for la in one.steps["train_step"])]
+    assert [getattr(r, "phase", "plan") for r in runs] == ["plan", "forward", "plan"], runs
+    # Two work-groups, and a wait at the barrier gives up after one spin: Oclgrind runs the
+    # first work-group alone, so it must give up, and the call raises.
+    spins = plan_kernel.SPINS_CPU, plan_kernel.SPINS_GPU
+    plan_kernel.SPINS_CPU = plan_kernel.SPINS_GPU = 1
+    os.environ[plan_kernel.GROUPS_ENV] = "2"
+    try:
+        g, loss, opt, feeds, targets = qnet_like()
+        m = kn.compile(g, batch=2, optimizer=opt, loss=loss)
+        try:
+            m.train_step(feeds(2), targets(2))
+            raise AssertionError("a plan kernel that could not pass its barrier did not raise")
+        except kn.DeviceError as e:
+            assert "did not all run at once" in str(e), e
+    finally:
+        plan_kernel.SPINS_CPU, plan_kernel.SPINS_GPU = spins
+        del os.environ[plan_kernel.GROUPS_ENV]
+
+
+if __name__ == "__main__":
+    sys.exit(main(run))
