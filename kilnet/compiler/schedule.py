@@ -44,15 +44,16 @@ class CpuProducts:
 # AVX2) over W1 (batches 1, 64, 256), W2 (1, 32) and W3 (16) of benchmarks/vs_pytorch.py with
 # benchmarks/cpu_defaults.py (benchmarks/results/cpu-defaults-2026-11-30.txt).
 #   pocl:  blocks chosen among 4×2, 4×3, 2×4, 3×4, 4×4 and 4×1 … 8×1, 6×2 (W1 b64, W2 b32).
-#   intel: an n-vector group of 8 or more work-items along n can run many times slower (W1's
-#          64×1000×1000 input gradients: 24 ms in groups of 8 or 16, 4 ms in groups of 2 or
-#          4; the conv and head weight gradients 5-7×), whatever the block (8×1, 4×2, 6×2 all
-#          do), but never in groups of 4 or fewer (it fits its vectoriser packing 8 work-items
-#          into one AVX2 register when a group allows it). In groups of 4 (2: 0-8 % slower),
-#          6×2 beat 4×2 and 8×1 by 0-25 % over the
-#          products of each step. The k-vector form keeps groups of 16 (4 lost up to 2× on
-#          W2's convs) and a 4×2 block: 1.2-1.9× faster than 4×4 on most products (one
-#          64×256 W2 conv 0.75×).
+#   intel: n-vector groups of 8 or 16 work-items along n ran some products many times slower
+#          than groups of 4 (6×2 and 8×1 blocks alike; W1's 64×1000×1000 input gradients 24 ms
+#          against 4, its conv and head weight gradients 5-7×); the other way round by 25 %
+#          at most (W1's weight gradients at batch 1, k = 1). That fits its vectoriser packing
+#          8 work-items into one AVX2 register where a group allows it. In groups of 4 (2: 0-8 % slower; 4×2 or 4×4 in m: no
+#          better), 6×2 beat 4×2 and 8×1 by 0-25 % over each step's products. The k-vector
+#          form keeps groups of 16 (4 lost up to 2× on W2's convs) and takes a 4×2 block:
+#          1.2-1.9× faster than 4×4 on most products (a 64×256 W2 conv 0.75×).
+#          Over the products of a train step: W1 2.4-2.5× (b64, b256), 1.3-1.4× (b1); W2, W3
+#          1.05-1.1×.
 CPU_PRODUCTS = {
     "pocl": CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(16, 1)),
     "intel": CpuProducts(kvec=(4, 2), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1)),
