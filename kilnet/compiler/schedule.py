@@ -29,11 +29,39 @@ CPU_VECTOR_LANES = 16  # ... when each work-item takes a vector in the CPU form 
 TK = 16               # k-depth of a general GPU gemm tile (gemm.cl.j2; the k-split counts in it)
 LARGE_TK = 16         # ... of the large-tile form (gemm_large.cl.j2; 4096³ on an H200: 46 TFLOP/s,
 #                       40-45 at depth 8)
-# CPU register blocks, chosen on PoCL (2-core EPYC) over W1 at batch 64 and W2 at batch 32
-# (benchmarks/vs_pytorch.py) among 4×2, 4×3, 2×4, 3×4, 4×4 and 4×1 … 8×1, 6×2:
-VEC_BLOCK_K = (4, 4)   # RM×RN vector accumulators in the k-vector form
-VEC_BLOCK_N = (6, 2)   # rows × vectors of columns per work-item in the n-vector form
-CPU_GEMM_LANES = 16    # work-items per group of the CPU gemm
+
+
+@dataclass(frozen=True)
+class CpuProducts:
+    """The CPU gemm's defaults (gemm_vec.cl.j2) on one OpenCL implementation."""
+    kvec: tuple         # RM×RN vector accumulators per work-item in the k-vector form
+    nvec: tuple         # rows × vectors of columns per work-item in the n-vector form
+    kvec_local: tuple   # (LX, LY): work-items per group at most, along n and m, k-vector form
+    nvec_local: tuple   # ... n-vector form
+
+
+# Per implementation, like target.FORMS; others take PoCL's. Measured on a 2-core EPYC (Zen 3,
+# AVX2) over W1 (batches 1, 64, 256), W2 (1, 32) and W3 (16) of benchmarks/vs_pytorch.py with
+# benchmarks/cpu_defaults.py (benchmarks/results/cpu-defaults-2026-11-30.txt).
+#   pocl:  blocks chosen among 4×2, 4×3, 2×4, 3×4, 4×4 and 4×1 … 8×1, 6×2 (W1 b64, W2 b32).
+#   intel: n-vector groups of 8 or 16 work-items along n ran some products many times slower
+#          than groups of 4 (6×2 and 8×1 blocks alike; W1's 64×1000×1000 input gradients 24 ms
+#          against 4, its conv and head weight gradients 5-7×); the other way round by 25 %
+#          at most (W1's weight gradients at batch 1, k = 1). That fits its vectoriser packing
+#          8 work-items into one AVX2 register where a group allows it. In groups of 4 (2: 0-8 % slower; 4×2 or 4×4 in m: no
+#          better), 6×2 beat 4×2 and 8×1 by 0-25 % over each step's products. The k-vector
+#          form keeps groups of 16 (4 lost up to 2× on W2's convs) and takes a 4×2 block:
+#          1.2-1.9× faster than 4×4 on most products (a 64×256 W2 conv 0.75×).
+#          Over the products of a train step: W1 2.4-2.5× (b64, b256), 1.3-1.4× (b1); W2, W3
+#          1.05-1.1×.
+CPU_PRODUCTS = {
+    "pocl": CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(16, 1)),
+    "intel": CpuProducts(kvec=(4, 2), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1)),
+}
+
+
+def cpu_products(target):
+    return CPU_PRODUCTS.get(target.implementation, CPU_PRODUCTS["pocl"])
 
 
 @dataclass(frozen=True)
@@ -183,14 +211,16 @@ def policy(target, kind, dtype="float", **shape):
         return Schedule(local=(L, 1, 1))
     if kind == "gemm_vec":       # shape: M, N, kvec
         M, N = shape["M"], shape["N"]
+        cpu = cpu_products(target)
         if shape["kvec"]:
-            RM, RN = VEC_BLOCK_K
+            RM, RN = cpu.kvec
             if M < RM:                     # a row repeated past the edge is wasted work
                 RM, RN = M, RM * RN // M
         else:
-            RM, NV = VEC_BLOCK_N
+            RM, NV = cpu.nvec
             RM, RN = min(RM, M), min(NV, -(-N // V))
-        return Schedule(block=(RM, RN), vector=V, local=_vec_local(shape, (RM, RN), V))
+        return Schedule(block=(RM, RN), vector=V,
+                        local=_vec_local(shape, (RM, RN), V, cpu))
     if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
         #                          queries of a head): a power of two up to GROUP_LANES
         cap = min(GROUP_LANES, target.max_work_group)
@@ -208,10 +238,13 @@ def policy(target, kind, dtype="float", **shape):
     raise AssertionError(f"unknown schedule kind {kind!r}")
 
 
-def _vec_local(shape, block, V):
-    """CPU gemm: a group of up to 16 work-items along n (each RN columns, or RN vectors)."""
+def _vec_local(shape, block, V, cpu):
+    """CPU gemm: a group of up to (LX, LY) work-items (``cpu``'s for the form) along n (each RN
+    columns, or RN vectors) and m (each RM rows), no more than the launch has."""
+    most = cpu.kvec_local if shape["kvec"] else cpu.nvec_local
     gx = -(-shape["N"] // (block[1] * (1 if shape["kvec"] else V)))
-    return (min(CPU_GEMM_LANES, pow2_at_least(gx, CPU_GEMM_LANES)), 1, 1)
+    gy = -(-shape["M"] // block[0])
+    return (pow2_at_least(gx, most[0]), pow2_at_least(gy, most[1]), 1)
 
 
 def _gemm_split(target, shape, t, depth):
@@ -239,7 +272,7 @@ def choose(target, kind, name, dtype="float", **shape):
     s = replace(s, **{f.name: getattr(over, f.name) for f in fields(Schedule)
                       if getattr(over, f.name) is not None})
     if kind == "gemm_vec" and over.local is None:
-        s = replace(s, local=_vec_local(shape, s.block, s.vector))
+        s = replace(s, local=_vec_local(shape, s.block, s.vector, cpu_products(target)))
     if kind == "gemm" and s.split > 1 and not shape.get("splittable"):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'split' needs "
                            f"a product at batch 1 with one contiguous output")

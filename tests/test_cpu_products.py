@@ -1,0 +1,95 @@
+"""The CPU products' defaults are per OpenCL implementation (compiler/schedule.py's
+CPU_PRODUCTS): each implementation's policy picks its own blocks and groups, and products in
+those schedules match numpy on ragged shapes (rows not a multiple of the block, columns not a
+multiple of the vectors, groups past the edge), in float32 and float64, on every CPU
+implementation that builds kernels here."""
+import numpy as np
+import pytest
+
+import kilnet as kn
+from kilnet.compiler import schedule
+from kilnet.compiler.target import Target
+
+CPU_IMPLEMENTATIONS = sorted({d["implementation"] for d in kn.devices(check=True)
+                              if "CPU" in d["type"] and d["builds"] is None})
+
+
+def gemm_vec(impl, M, N, kvec, dtype="float"):
+    return Target("cpu", implementation=impl).schedule("gemm_vec", "p", dtype, M=M, N=N,
+                                                       kvec=kvec)
+
+
+def test_intel_takes_small_n_vector_groups_and_4x2_k_vector_blocks():
+    # W1's input gradient at batch 64: the launch that ran 6x slower in groups of 16
+    s = gemm_vec("intel", 64, 1000, False)
+    assert (s.block, s.local, s.vector) == ((6, 2), (4, 1, 1), 8)
+    s = gemm_vec("intel", 64, 1000, True)
+    assert (s.block, s.local) == ((4, 2), (16, 1, 1))
+    assert gemm_vec("intel", 1, 1000, True).block == (1, 8)      # one row: the block's width
+    assert gemm_vec("intel", 64, 1000, False, "double").vector == 4
+
+
+def test_pocl_keeps_its_blocks_and_other_implementations_take_them():
+    for impl in ("pocl", "someone"):
+        s = gemm_vec(impl, 64, 1000, False)
+        assert (s.block, s.local) == ((6, 2), (16, 1, 1))
+        assert gemm_vec(impl, 64, 1000, True).block == (4, 4)
+        assert gemm_vec(impl, 1, 1000, True).block == (1, 16)
+
+
+def test_groups_shrink_to_the_launch():
+    # 37 columns are 5 vectors, 3 work-items of 2 vectors: a group of 4 along n at most
+    assert gemm_vec("intel", 13, 37, False).local == (4, 1, 1)
+    assert gemm_vec("intel", 13, 16, False).local == (1, 1, 1)
+    assert gemm_vec("pocl", 13, 37, False).local == (4, 1, 1)
+    assert gemm_vec("intel", 13, 3, True).local == (2, 1, 1)
+
+
+def test_an_overridden_block_gets_the_implementations_group(monkeypatch, tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"gemm_vec": {"block": [2, 1]}}')
+    table = schedule.load_table(str(path))
+    for impl, lx in (("intel", 4), ("pocl", 16)):
+        t = Target("cpu", implementation=impl, schedules=table)
+        s = t.schedule("gemm_vec", "p", M=64, N=1000, kvec=False)
+        assert (s.block, s.local) == ((2, 1), (lx, 1, 1))
+
+
+@pytest.fixture(params=CPU_IMPLEMENTATIONS)
+def implementation(request, monkeypatch):
+    monkeypatch.setenv("KILNET_DEVICE", request.param)
+    monkeypatch.setenv("KILNET_TARGET", "cpu")
+    monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
+    monkeypatch.setenv("KILNET_CACHE_DIR", str(request.getfixturevalue("tmp_path")))
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("batch, n_in, n_out", [(13, 37, 71), (50, 300, 131), (1, 45, 9)])
+def test_dense_products_match_numpy(implementation, dtype, batch, n_in, n_out):
+    """y = x·Wᵀ + b (the k-vector form), and for mse the gradients dW = dzᵀ·x, dx = dz·W (the
+    n-vector form, rows = outputs and rows = samples), in the implementation's defaults."""
+    g = kn.Graph("cpu_products")
+    g.output("y", kn.dense(g.input("x", (n_in,)), n_out))
+    m = kn.compile(g, batch=batch, loss="mse", dtype=dtype, input_grads=True, seed=2)
+    cpu = schedule.CPU_PRODUCTS.get(implementation, schedule.CPU_PRODUCTS["pocl"])
+    sizes = {k.name: tuple(k.local_size) for k in m.kernels}
+    V = 8 if dtype == "float32" else 4
+    gx = -(-n_in // (cpu.nvec[1] * V))
+    want = 1
+    while want < min(gx, cpu.nvec_local[0]):
+        want *= 2
+    assert sizes["dense_1.backward_input"] == (want, 1, 1)      # the implementation's group
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((batch, n_in))
+    t = rng.standard_normal((batch, n_out))
+    W, b = m.params["dense_1.weight"].astype(np.float64), m.params["dense_1.bias"]
+    y = x @ W.T + b
+    dz = 2 * (y - t) / t.size
+    got_y = m.forward({"x": x})["y"]
+    grads = m.gradients({"x": x}, {"y": t})
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=1e-11, atol=1e-13)
+    for got, ref in ((got_y, y), (grads["dense_1.weight"], dz.T @ x), (grads["x"], dz @ W),
+                     (grads["dense_1.bias"], dz.sum(0))):
+        np.testing.assert_allclose(got, ref, rtol=tol["rtol"],
+                                   atol=tol["atol"] * np.abs(ref).max())
