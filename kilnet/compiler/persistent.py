@@ -16,13 +16,12 @@ runs of the plan kernel; ``PlanKernel.apart`` says which and why.
 Which phases a run executes is data: a bitset buffer per launch sequence (``runs``), so one
 kernel serves the inference, evaluation and training sequences and any part of them.
 
-Memory: on NVIDIA the L1 cache is not coherent between compute units. The barrier's fences
-(``mem_fence`` before the arrival and after the wait) order every work-group's writes before the
-next phase's reads; loads through a pointer that the compiler may treat as read-only for the
-whole kernel (``const restrict``, which NVIDIA turns into non-coherent loads) would not be
-ordered, so the plan kernel's arena pointers carry neither, and the device functions' ``const``
-only forbids writes. tests/test_persistent.py checks the plan kernel against separate launches,
-bit for bit, over many steps, and is run on the H200 (see benchmarks/results).
+Memory: the barrier's fences must have device scope. OpenCL C 1.2's mem_fence orders only
+within a work-group (NVIDIA compiles it to membar.cta), and with it an H200 read stale
+accumulated gradients; the runtime builds the plan kernel as OpenCL C 3.0 where the device takes
+it, for atomic_work_item_fence(..., memory_scope_device) (membar.gl). tests/oclgrind_plan_kernel.py
+checks the plan kernel against separate launches (under Oclgrind in CI; on an H200, see
+benchmarks/results/nvidia-h200-plan-kernel-2026-11-30.txt: bit for bit over 50 steps).
 """
 import re
 from dataclasses import dataclass, field
