@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -52,6 +53,8 @@ def agree(build, batch, steps, dtype="float32", apart=()):
     for step in range(steps):
         f, t = feeds(batch), targets(batch)
         same(one.train_step(f, t), two.train_step(f, t), f"loss of step {step}", dtype)
+        if ORACLE:      # evaluation and gradients run prefixes of the training sequence
+            continue
         for k, v in one.gradients(f, t).items():
             same(v, two.gradients(f, t)[k], f"gradient {k} after step {step}", dtype)
         same(one.evaluate(f, t), two.evaluate(f, t), f"evaluation after step {step}", dtype)
@@ -60,15 +63,19 @@ def agree(build, batch, steps, dtype="float32", apart=()):
     f = feeds(batch)
     for k, v in one.forward(f).items():
         same(v, two.forward(f)[k], f"forward output {k}", dtype)
-    print(f"{os.environ['KILNET_TARGET']} {build.__name__} {dtype} batch {batch}: agree over "
+    print(f"{time.strftime('%X')} {os.environ['KILNET_TARGET']} {build.__name__} {dtype} batch {batch}: agree over "
           f"{steps} steps; {one._exec.submit.why}", flush=True)
     return one
 
 
 def run():
-    steps = 2 if ORACLE else 5
+    # Under Oclgrind (an interpreter, in CI) one step per model, and the cases that do not
+    # depend on the kernel form in one form only.
+    steps, once = (1, os.environ["KILNET_TARGET"] == "gpu") if ORACLE else (5, True)
     for build in MODELS.values():
         agree(build, 3, steps)
+    if not once:
+        return
     agree(qnet_like, 3, 1, "float64")
     # A schedule table gives the softmax another work-group than the plan kernel's: it runs
     # apart, between two runs of the plan kernel.
