@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from ..ops.base import pow2_at_least
 
 NAME = "kl_plan"
-LANES = 256          # the plan kernel's work-group when no launch requires one
 IDS = ("global_id", "local_id", "group_id", "global_size", "local_size", "num_groups")
 
 
@@ -84,28 +83,13 @@ def _virtual_local(glob, lanes):
     return tuple(local)
 
 
-def lanes_for(declared, cap):
-    """The plan kernel's work-group: the size most launches that require one require (the larger
-    on a tie), else LANES; at most the device's ``cap``."""
-    counts = {}
-    for group in declared:
-        n = group[0] * group[1] * group[2]
-        if n <= cap:
-            counts[n] = counts.get(n, 0) + 1
-    if not counts:
-        return min(LANES, cap)
-    return max(counts, key=lambda n: (counts[n], n))
-
-
 def build(launches, spec, header, target):
     """(PlanKernel, source) for ``launches`` rendered by Specialiser ``spec``."""
     rendered = {}
     for launch in launches:
         if launch.kernel not in rendered:
             rendered[launch.kernel] = spec.phase(launch.kernel)
-    groups = [_dims(rendered[launch.kernel][1]) for launch in launches
-              if rendered[launch.kernel][1]]
-    lanes = target.lanes or lanes_for(groups, target.max_work_group)
+    lanes = target.lanes       # every launch that needs a work-group was given this one
     roles = sorted({a.value for launch in launches for a in launch.args if a.access})
     pk = PlanKernel(NAME, lanes, roles)
     for launch in launches:

@@ -46,6 +46,8 @@ class Executor:
         self.bound = {}                 # filled below; the submitter reads it at run time
         self.submit = submit.choose(self.device, self.queue, self.bound,
                                     printf=any("printf" in s for s in plan.sources.values()))
+        # KILNET_PLAN_GROUPS is read (and refused if bad) before any build.
+        groups = groups_for(self.device) if plan.plan_kernel is not None else None
         programs = {k: build(dc, k, src, plan_kernel_options(self.device) if plan.plan_kernel is not None and
                              k == plan.plan_kernel.name else ()) for k, src in plan.sources.items()}
         kernels = {launch.name: cl.Kernel(programs[launch.kernel], launch.kernel)
@@ -62,9 +64,9 @@ class Executor:
             self.bound[launch.name] = (k, launch.global_size, launch.local_size)
         self.plan_kernel_why = plan.plan_kernel_why
         if plan.plan_kernel is not None:
-            self._use_plan_kernel(programs[plan.plan_kernel.name])
+            self._use_plan_kernel(programs[plan.plan_kernel.name], groups)
 
-    def _use_plan_kernel(self, program):
+    def _use_plan_kernel(self, program, groups):
         """Submit through the plan kernel where it fits the device (else say why not)."""
         cl, name = self.cl, self.plan.plan_kernel.name
         local, group, has = limits(cl.Kernel(program, name), self.device)
@@ -75,7 +77,7 @@ class Executor:
             return
         self.empty = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, self.item)
         self.submit = PlanKernelSubmit(self.submit, self, lambda: cl.Kernel(program, name),
-                                       groups_for(self.device))
+                                       groups)
         self.plan_kernel_why = None
 
     def _check_device(self):
