@@ -37,7 +37,7 @@ def test_every_launch_is_a_phase_of_one_work_group_size(name, target):
         assert f" {launch.kernel}(" in source
         if p.exact:
             assert p.local[0] * p.local[1] * p.local[2] == pk.lanes
-    assert source.count("kl_sync(kl_bar") == len(plan.launches)
+    assert source.count("kl_sync(kl_bar") == len(pk.stages)
 
 
 def test_without_a_plan_kernel_launch_shapes_are_the_policy_s():
@@ -58,6 +58,46 @@ def test_a_launch_that_needs_another_group_runs_apart(monkeypatch, tmp_path):
     assert "softmax_1_forward(" not in plan.sources[pk.name].split("__kernel")[-1]
 
 
+def _spans(plan, names):
+    return [(b.role, b.offset, b.offset + b.size) for b in map(plan.buffers.get, names)]
+
+
+def _depends(plan, first, then):
+    """``then`` reads what ``first`` writes, or writes what it reads or writes: by the planned
+    buffers' memory (an inference plan reuses the memory of dead activations)."""
+    meet = lambda xs, ys: any(a == b and lo < hi2 and lo2 < hi
+                              for a, lo, hi in xs for b, lo2, hi2 in ys)
+    w1, w2 = _spans(plan, first.writes), _spans(plan, then.writes)
+    return meet(w1, _spans(plan, then.reads) + w2) or meet(w2, _spans(plan, first.reads))
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "infer"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_stages_keep_every_dependency_and_merge_the_rest(name, training):
+    """Phases share a stage only when neither depends on the other, and a phase's stage comes
+    after that of every earlier phase it depends on; some stages do hold several phases."""
+    g, loss, opt, _, _ = MODELS[name]()
+    plan = lower(g, 3, "float32", check_loss_spec(g, loss) if training else {},
+                 opt if training else None, target=GPU)
+    pk = plan.plan_kernel
+    at = {n: s for s, stage in enumerate(pk.stages) for n in stage}
+    assert sorted(at) == sorted(pk.phases)
+    launches = plan.launches
+    for i, first in enumerate(launches):
+        for then in launches[i + 1:]:
+            if _depends(plan, first, then):
+                assert at[first.name] < at[then.name], (first.name, then.name)
+    if training or name == "series_like":
+        assert len(pk.stages) < len(pk.phases)
+    source = plan.sources[pk.name]
+    assert source.count("kl_sync(kl_bar") == len(pk.stages)
+
+
+def test_stages_of_one_phase_each_without_merging():
+    pk = plan_of(MODELS["gte_like"], replace(GPU, plan_merge=False)).plan_kernel
+    assert pk.stages == [[name] for name in pk.phases]
+
+
 def test_runs_are_bitsets_of_phases():
     pk = plan_of(qnet_like, GPU).plan_kernel
     names = list(pk.phases)
@@ -67,6 +107,7 @@ def test_runs_are_bitsets_of_phases():
 
 @pytest.mark.parametrize("var, value, message", [
     ("KILNET_PLAN_KERNEL", "yes", "KILNET_PLAN_KERNEL must be '0' or '1', got 'yes'"),
+    ("KILNET_PLAN_MERGE", "no", "KILNET_PLAN_MERGE must be '0' or '1', got 'no'"),
     ("KILNET_PLAN_KERNEL", "1", "KILNET_PLAN_KERNEL=1 on .*(crashed|had not compiled)"),
 ])
 def test_bad_settings_are_refused(monkeypatch, var, value, message):

@@ -16,6 +16,13 @@ runs of the plan kernel; ``PlanKernel.apart`` says which and why.
 Which phases a run executes is data: a bitset buffer per launch sequence (``runs``), so one
 kernel serves the inference, evaluation and training sequences and any part of them.
 
+Phases that touch no common memory, one writing where the other reads or writes, share a stage:
+one loop over their work-groups together, and one grid barrier for all of them (``stages``:
+each phase goes to the stage after the last one it depends on). At small batches most launches
+have fewer work-groups than the device has compute units, so a stage both saves barriers and
+fills more units at once. Each launch keeps its own bit, and the order of any two that depend on
+each other is kept, so any subset of the plan still runs in a valid order.
+
 Memory: the barrier's fences must have device scope. OpenCL C 1.2's mem_fence orders only
 within a work-group (NVIDIA compiles it to membar.cta), and with it an H200 read stale
 accumulated gradients; the runtime builds the plan kernel as OpenCL C 3.0 where the device takes
@@ -50,6 +57,7 @@ class PlanKernel:
     phases: dict = field(default_factory=dict)   # launch name -> Phase, in plan order
     index: dict = field(default_factory=dict)    # launch name -> phase number (its bit in a run)
     apart: dict = field(default_factory=dict)    # launch name -> why it runs as its own launch
+    stages: list = field(default_factory=list)   # [[launch name]]: phases run between 2 barriers
 
     def bits(self, names):
         """The bitset (uint32 words) that makes the plan kernel run phases ``names``."""
@@ -62,7 +70,7 @@ class PlanKernel:
     def describe(self):
         n = len(self.phases)
         text = f"plan kernel {self.name}: {n} of {n + len(self.apart)} launches in one launch " \
-               f"of work-groups of {self.lanes}"
+               f"of work-groups of {self.lanes}, in {len(self.stages)} stages"
         if self.apart:
             text += "; apart: " + ", ".join(f"{k} ({why})" for k, why in self.apart.items())
         return text
@@ -81,6 +89,40 @@ def _virtual_local(glob, lanes):
         local.append(n)
         left //= n
     return tuple(local)
+
+
+def _touches(launch):
+    """(reads, writes) of ``launch``: the arena ranges (role, first, stop) it may touch. A
+    pointer argument is followed by its offset argument (compiler/lower.py)."""
+    reads, writes = [], []
+    for ptr, off in zip(launch.args[0::2], launch.args[1::2]):
+        span = (ptr.value, off.value, off.value + ptr.extent)
+        if ptr.access in ("in", "inout"):
+            reads.append(span)
+        if ptr.access in ("out", "inout"):
+            writes.append(span)
+    return reads, writes
+
+
+def _overlap(xs, ys):
+    return any(a == b and lo < hi2 and lo2 < hi for a, lo, hi in xs for b, lo2, hi2 in ys)
+
+
+def stages(launches, merge=True):
+    """[[launch name]]: each launch in the stage after the last earlier launch it depends on
+    (reads what it writes, writes what it reads or writes); with ``merge`` off, one per stage."""
+    if not merge:
+        return [[launch.name] for launch in launches]
+    out, placed = [], []            # placed: (stage, reads, writes) of each earlier launch
+    for launch in launches:
+        reads, writes = _touches(launch)
+        at = 1 + max((s for s, r, w in placed if _overlap(writes, r + w) or _overlap(reads, w)),
+                     default=-1)
+        if at == len(out):
+            out.append([])
+        out[at].append(launch.name)
+        placed.append((at, reads, writes))
+    return out
 
 
 def build(launches, spec, header, target):
@@ -114,6 +156,7 @@ def build(launches, spec, header, target):
             count *= -(-g // l)
         pk.index[launch.name] = len(pk.phases)
         pk.phases[launch.name] = Phase(launch.name, launch.kernel, count, local, glob, bool(group))
+    pk.stages = stages([la for la in launches if la.name in pk.phases], target.plan_merge)
     used = {p.kernel for p in pk.phases.values()}
     return pk, _source(pk, launches, {k: v for k, v in rendered.items() if k in used}, header)
 
@@ -207,26 +250,44 @@ def _source(pk, launches, rendered, header):
     out.append("    volatile __local int kl_ok;")
     out.append("    int kl_started = 0;")
     by_name = {launch.name: launch for launch in launches}
-    for name, p in pk.phases.items():
-        i, launch = pk.index[name], by_name[name]
-        locs = rendered[p.kernel][2]
-        args = [f"kl_{a.value}" if a.access else f"{a.value}u" for a in launch.args]
-        args += ["&id"] + [f"kl_lm.{p.kernel}.{n}" for _, n, _ in locs]
-        active = "1" if p.exact else \
-            f"kl_l < {p.local[0] * p.local[1] * p.local[2]}u && " + \
-            " && ".join(f"id.gid[{d}] < {p.glob[d]}u" for d in range(3))
-        out.append(f"    /* {name}: {p.groups} work-groups of {'×'.join(map(str, p.local))}"
-                   f"{'' if p.exact else ' (any size would do)'} */")
-        out.append(f"    if (kl_run[{i // 32}] >> {i % 32} & 1u) {{")
-        out.append("        if (kl_started && !kl_sync(kl_bar, kl_n, kl_spins, &kl_ok)) return;")
-        out.append("        kl_started = 1;")
-        out.append(f"        for (uint vg = kl_g; vg < {p.groups}u; vg += kl_n) {{")
-        out.append(f"            const kl_ids id = kl_at(vg, kl_l, {', '.join(f'{g}u' for g in p.glob)}, "
-                   f"{', '.join(f'{x}u' for x in p.local)});")
-        out.append(f"            if ({active}) {p.kernel}({', '.join(args)});")
-        if locs:
-            # The next virtual group writes the local arrays this one may still be reading.
-            out.append("            barrier(CLK_LOCAL_MEM_FENCE);")
+    for number, stage in enumerate(pk.stages):
+        out.append(f"    {{   /* stage {number} */")
+        # The stage's virtual groups are those of its phases one after another; kl_e<j> is where
+        # phase j's end (a phase this run does not execute has none).
+        counts = []
+        for name in stage:
+            i, p = pk.index[name], pk.phases[name]
+            out.append(f"        /* {name}: {p.groups} work-groups of {'×'.join(map(str, p.local))}"
+                       f"{'' if p.exact else ' (any size would do)'} */")
+            j = len(counts)
+            out.append(f"        const uint kl_e{j} = {f'kl_e{j - 1} + ' if j else ''}"
+                       f"(kl_run[{i // 32}] >> {i % 32} & 1u ? {p.groups}u : 0u);")
+            counts.append(j)
+        ends = [f"kl_e{j}" for j in counts]
+        out.append(f"        if ({ends[-1]}) {{")
+        out.append("            if (kl_started && !kl_sync(kl_bar, kl_n, kl_spins, &kl_ok)) return;")
+        out.append("            kl_started = 1;")
+        out.append(f"            for (uint vg = kl_g; vg < {ends[-1]}; vg += kl_n) {{")
+        for j, name in enumerate(stage):
+            p, launch = pk.phases[name], by_name[name]
+            locs = rendered[p.kernel][2]
+            args = [f"kl_{a.value}" if a.access else f"{a.value}u" for a in launch.args]
+            args += ["&id"] + [f"kl_lm.{p.kernel}.{n}" for _, n, _ in locs]
+            active = "1" if p.exact else \
+                f"kl_l < {p.local[0] * p.local[1] * p.local[2]}u && " + \
+                " && ".join(f"id.gid[{d}] < {p.glob[d]}u" for d in range(3))
+            first = f"vg - {ends[j - 1]}" if j else "vg"
+            test = f"{'} else ' if j else ''}if (vg < {ends[j]}) {{" if len(stage) > 1 else "{"
+            out.append(f"                {test}")
+            out.append(f"                    const kl_ids id = kl_at({first}, kl_l, "
+                       f"{', '.join(f'{g}u' for g in p.glob)}, "
+                       f"{', '.join(f'{x}u' for x in p.local)});")
+            out.append(f"                    if ({active}) {p.kernel}({', '.join(args)});")
+            if locs:
+                # The next virtual group writes the local arrays this one may still be reading.
+                out.append("                    barrier(CLK_LOCAL_MEM_FENCE);")
+        out.append("                }")
+        out.append("            }")
         out.append("        }")
         out.append("    }")
     out.append("}")

@@ -37,6 +37,7 @@ class Target:
     implementation: str = ""   # intel, pocl, nvidia, ... (runtime.device.implementation)
     driver: str = ""           # the driver version: part of the key of a tuned schedule table
     plan_kernel: bool = False  # run launch sequences as one plan kernel (compiler/persistent.py)
+    plan_merge: bool = True    # independent phases of it share a stage (persistent.stages)
     # {launch name or kernel family: Schedule}: overrides laid over the policy (compiler/schedule.py)
     schedules: dict = field(default=None, hash=False, repr=False)
 
@@ -63,16 +64,17 @@ class Target:
                 or ("cpu" if device.type & cl.device_type.CPU else "gpu"))
         if kind not in ("cpu", "gpu"):
             raise CompileError(f"KILNET_TARGET must be 'cpu' or 'gpu', got {kind!r}")
-        one = os.environ.get("KILNET_PLAN_KERNEL")
-        if one not in (None, "", "0", "1"):
-            raise CompileError(f"KILNET_PLAN_KERNEL must be '0' or '1', got {one!r}")
+        one, merge = os.environ.get("KILNET_PLAN_KERNEL"), os.environ.get("KILNET_PLAN_MERGE")
+        for var, value in (("KILNET_PLAN_KERNEL", one), ("KILNET_PLAN_MERGE", merge)):
+            if value not in (None, "", "0", "1"):
+                raise CompileError(f"{var} must be '0' or '1', got {value!r}")
         if one == "1" and impl in NO_PLAN_KERNEL:
             raise CompileError(f"KILNET_PLAN_KERNEL=1 on {device.name.strip()}: "
                                f"{NO_PLAN_KERNEL[impl]}")
         target = cls(kind, device.max_work_group_size, device.max_compute_units,
                      device.local_mem_size, device.name.strip(), impl,
                      device.driver_version.strip(),
-                     one == "1" if one else impl in PLAN_KERNEL)
+                     one == "1" if one else impl in PLAN_KERNEL, merge != "0")
         path = sched.table_path(target)
         return target if path is None else replace(target, schedules=sched.load_table(path))
 

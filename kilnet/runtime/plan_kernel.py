@@ -76,7 +76,7 @@ class PlanKernelSubmit:
         self.bits = []             # keeps the bitset buffers alive with the kernels using them
         apart = f"; {len(self.pk.apart)} apart" if self.pk.apart else ""
         self.why = (f"plan kernel: {groups} work-group(s) of {self.pk.lanes}, 1 enqueue per run of "
-                    f"its {len(self.pk.phases)} phases{apart}; launches apart and the plan kernel "
+                    f"its {len(self.pk.phases)} phases in {len(self.pk.stages)} stages{apart}; launches apart and the plan kernel "
                     f"through {inner.why}")
 
     def run(self, launches):
@@ -117,7 +117,8 @@ class PlanKernelSubmit:
         k.set_arg(len(self.pk.roles) + 2, np.uint32(self.spins))
         # Numbered: two runs may start and end alike (training's and inference's forward differ
         # only in batch norm's phase).
-        name = f"{self.pk.name}#{len(self.bits)}[{names[0]} .. {names[-1]}]"
+        span = f"{names[0]} .. {names[-1]}" if names else "no phase"
+        name = f"{self.pk.name}#{len(self.bits)}[{span}]"
         lanes = self.pk.lanes
         ex.bound[name] = (k, (self.groups * lanes,), (lanes,))
         return Run(name)
