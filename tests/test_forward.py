@@ -218,7 +218,9 @@ def test_concat_flat():
 
 @pytest.mark.parametrize("shape,batch,dtype", both([((4, 7), 3), ((2, 300), 2), ((9,), 1),
                                                     ((65,), 7)]))
-def test_add_norm(shape, batch, dtype):
+@pytest.mark.parametrize("form", ["cpu", "gpu"])
+def test_add_norm(monkeypatch, shape, batch, dtype, form):
+    monkeypatch.setenv("KILNET_TARGET", form)
     rng = np.random.default_rng(9)
     g = kn.Graph("grad")
     a, b = g.input("a", shape), g.input("b", shape)

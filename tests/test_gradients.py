@@ -259,8 +259,12 @@ def test_concat_flat():
                        P["dense_1.bias"], "tanh")})
 
 
-@pytest.mark.parametrize("shape,batch", [((4, 7), 3), ((9,), 1)])
-def test_add_norm(shape, batch):
+@pytest.mark.parametrize("form", ["cpu", "gpu"])
+@pytest.mark.parametrize("shape,batch", [((4, 7), 3), ((9,), 1), ((3, 37), 5)])
+def test_add_norm(monkeypatch, shape, batch, form):
+    """Both forms: one work-item per row, and a team of lanes per row (37: a team of 64 with
+    lanes past the row, several rows a work-group and a last group part empty)."""
+    monkeypatch.setenv("KILNET_TARGET", form)
     g, (a, b) = graph([("a", shape), ("b", shape)])
     g.output("y", kn.add_norm(a, b))
     check_gradients(g, {"y": "mse"}, batch,
@@ -278,8 +282,11 @@ def test_add_norm_same_value():
     check_gradients(g, {"y": "mse"}, 3, fwd)
 
 
-def test_add_norm_fan_out():
-    """h feeds add_norm directly and through a dense layer (three consumers in all)."""
+@pytest.mark.parametrize("form", ["cpu", "gpu"])
+def test_add_norm_fan_out(monkeypatch, form):
+    """h feeds add_norm directly and through a dense layer (three consumers in all): both of
+    add_norm's input gradients accumulate."""
+    monkeypatch.setenv("KILNET_TARGET", form)
     g, (x,) = graph([("x", (2, 4))])
     h = kn.reshape(kn.dense(x, 8, activation="tanh"), (2, 4))
     n = kn.add_norm(h, kn.reshape(kn.dense(h, 8), (2, 4)))

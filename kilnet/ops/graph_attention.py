@@ -41,11 +41,11 @@ import math
 import numpy as np
 
 from ..graph import graph_of
-from .base import Op, Param, int_attr, kernel, need, out, register
+from .base import Op, Param, int_attr, kernel, need, out, pow2_at_least, register
 from .gemm import gemm, linear, linear_backward
 from .index import b, k, m, n
 
-STAGE_BYTES = 16384        # K and V of one head staged in local memory up to this size (GPUs)
+STAGE_BYTES = 16384        # a head's blocks staged in local memory up to this size (GPUs)
 MAX_MASK_WORDS = 16384     # a user adjacency is a __constant bit mask: at most 64 KiB
 
 
@@ -136,15 +136,19 @@ class GraphAttention(Op):
             bits = ", ".join(f"{int(v):#x}u" for v in mask.reshape(-1))
             connected = f"(int)((adj_bits[q * {words} + (k >> 5)] >> (k & 31)) & 1u)"
         item = 8 if ctx.dtype == "double" else 4
-        staged = ctx.target.kind == "gpu" and 2 * U * DK * item <= STAGE_BYTES
+        # forward stages Q, K and V; backward V and both sets' dO
+        staged = ctx.target.kind == "gpu" and 3 * U * DK * item <= STAGE_BYTES
         return dict(mode=mode, B=B, U=U, H=H, DK=DK, scale=repr(1.0 / math.sqrt(DK)),
                     words=words, bits=bits, connected=connected, staged=staged)
 
     def _attention(self, node, ctx, step, mode, buffers):
         consts = self._consts(node, ctx, mode)
         B, U, H = consts["B"], consts["U"], consts["H"]
-        if consts["staged"]:       # a work-group per (sample, head), its lanes over the queries
-            L = consts["L"] = ctx.schedule(step, "group", items=U).local[0]
+        if consts["staged"]:
+            # A work-group per (sample, head); a team of T lanes per query, as many as a
+            # group of up to U·U lanes gives each of U rows (at least one).
+            L = consts["L"] = ctx.schedule(step, "group", items=U * U).local[0]
+            consts["T"] = max(1, L // pow2_at_least(U, L))
             return kernel(step, "graph_attention", consts, buffers, (B * H * L,), (L,))
         return kernel(step, "graph_attention", consts, buffers, *ctx.schedule(step).cover(B * H * U))
 
