@@ -316,9 +316,9 @@ class Model:
 
     def _upload(self, feeds, targets=None):
         for name, arr in feeds.items():
-            self._exec.write(self.plan.feeds[name], arr)
+            self._exec.stage(self.plan.feeds[name], arr)
         for name, arr in (targets or {}).items():
-            self._exec.write(self.plan.targets[name], arr)
+            self._exec.stage(self.plan.targets[name], arr)
 
     def _feeds(self, feeds, partial=False):
         return check_feeds(self.graph, feeds, self.batch, self._exec.np_dtype, partial)

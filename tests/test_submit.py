@@ -253,3 +253,21 @@ def test_the_benchmark_compares_every_path_the_device_offers(monkeypatch, capsys
     assert "first losses differ" not in out
     if "command_buffer" not in offered:
         assert "# command_buffer: not available: KILNET_ENQUEUE=command_buffer" in out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_pinned_staging_of_feeds_computes_the_same_bits(monkeypatch, dtype):
+    """Feeds and targets staged through pinned host buffers (what a GPU executor does) give
+    the same bits as plain writes, step after step, with each staging buffer refilled while the
+    queue may still hold the copy of its last fill (float64 arrays converted into float32
+    staging, as astype would)."""
+    def compiled():
+        return kn.compile(graph(), batch=B, loss="cross_entropy", optimizer=kn.Adam(lr=0.01),
+                          dtype=dtype, seed=4)
+    plain, staged = compiled(), compiled()
+    assert plain._exec._staging is None        # a CPU device: plain writes
+    staged._exec._staging = {}
+    assert_identical(trace(staged), trace(plain))
+    slots = staged._exec._staging
+    assert sorted(slots) == sorted([*staged.plan.feeds.values(), *staged.plan.targets.values()])
+    assert all(host.dtype == staged._exec.np_dtype for _, host, _ in slots.values())
