@@ -98,6 +98,25 @@ def test_stages_of_one_phase_each_without_merging():
     assert pk.stages == [[name] for name in pk.phases]
 
 
+def test_launches_of_many_work_groups_run_apart():
+    """A launch of more than APART_WAVES work-groups per compute unit runs as its own launch
+    (the plan kernel holds one work-group per unit); the rest stay phases."""
+    from kilnet.compiler import persistent
+    small = replace(GPU, compute_units=2)
+    plan = plan_of(qnet_like, small, batch=64)
+    pk = plan.plan_kernel
+    assert pk.apart and set(pk.apart) | set(pk.phases) == {la.name for la in plan.launches}
+    for la in plan.launches:
+        groups = 1
+        for g, l in zip(la.global_size, la.local_size or (pk.lanes,)):
+            groups *= -(-g // l)
+        if la.name in pk.apart:
+            assert pk.apart[la.name] == f"{groups} work-groups: a launch of its own runs more " \
+                                        f"of them at once"
+            assert groups > persistent.APART_WAVES * small.compute_units
+    assert not plan_of(qnet_like, GPU, batch=64).plan_kernel.apart     # 132 units: none
+
+
 def test_runs_are_bitsets_of_phases():
     pk = plan_of(qnet_like, GPU).plan_kernel
     names = list(pk.phases)

@@ -10,8 +10,9 @@ It is generated from the same renders as the separate kernels: each kernel's bod
 its phase form (``c.kernel`` in common.cl.j2), is a device function whose work-item ids are the
 virtual ones of the loop (``kl_ids``) and whose local arrays are members of one union at the
 plan kernel's scope. A launch whose body requires a work-group size other than the plan
-kernel's (barriers or local arrays sized for it) runs apart, as its own launch, between two
-runs of the plan kernel; ``PlanKernel.apart`` says which and why.
+kernel's (barriers or local arrays sized for it), or that has many more work-groups than the plan
+kernel (``APART_WAVES``), runs apart, as its own launch, between two runs of the plan kernel;
+``PlanKernel.apart`` says which and why.
 
 Which phases a run executes is data: a bitset buffer per launch sequence (``runs``), so one
 kernel serves the inference, evaluation and training sequences and any part of them.
@@ -36,6 +37,11 @@ from dataclasses import dataclass, field
 from ..ops.base import pow2_at_least
 
 NAME = "kl_plan"
+# A GPU launch of more work-groups than this many per compute unit runs apart. The plan kernel
+# holds one work-group per unit, a launch of its own several: W1's memory-bound launches at
+# batch 1024 (2048-4352 work-groups of 256 on an H200) took 1.3-2.7x as long as phases, and a
+# step that large is bound by the device, not by its launches.
+APART_WAVES = 8
 IDS = ("global_id", "local_id", "group_id", "global_size", "local_size", "num_groups")
 
 
@@ -154,6 +160,10 @@ def build(launches, spec, header, target):
         count = 1
         for g, l in zip(glob, local):
             count *= -(-g // l)
+        if target.kind == "gpu" and count > APART_WAVES * target.compute_units:
+            pk.apart[launch.name] = (f"{count} work-groups: a launch of its own runs more of "
+                                     f"them at once")
+            continue
         pk.index[launch.name] = len(pk.phases)
         pk.phases[launch.name] = Phase(launch.name, launch.kernel, count, local, glob, bool(group))
     pk.stages = stages([la for la in launches if la.name in pk.phases], target.plan_merge)
