@@ -8,7 +8,10 @@ side by side (profiling events, alternating, medians):
 - ``stages``: the plan kernel with independent phases sharing a stage (the default).
 
 Then each stage alone: the plan kernel run with only that stage's phases, less a run with none
-(what starting the kernel costs), so what is left is the stage's body without its barrier.
+(what starting the kernel costs), so what is left is the stage's body without its barrier; next
+to it, the sum of the device times of the same launches run separately (each from its own
+event, so launch gaps are not counted): a stage much slower than that points at the phase form's
+code, one about as slow at the launches' shapes.
 
     python benchmarks/plan_kernel_stages.py --device nvidia --rows W1:1,W2:1,W2:32
 """
@@ -73,6 +76,8 @@ def main():
         alone = [submit._bind(s).name for s in stages]
         times = timing.interleaved([(merged._exec, [n]) for n in [empty] + alone], a.rounds)
         base = ms(times[0])
+        each = timing.per_launch(apart._exec, [la for la in apart.plan.launches if la.name in train],
+                                 repeat=a.rounds)
         print(f"{key} b{batch} train step: {len(train)} launches, {len(single.plan.plan_kernel.stages)} "
               f"-> {len(pk.stages)} stages in the plan; device ms (median of {a.rounds}): separate "
               f"{ms(t_sep):.3f}, plan kernel one phase per stage {ms(t_single):.3f}, stages "
@@ -80,14 +85,15 @@ def main():
               f"faster); an empty run {base:.4f}", flush=True)
         rows = []
         for stage, t in zip(stages, times[1:]):
-            rows.append((ms(t) - base, stage))
+            rows.append((ms(t) - base, stage, sum(ms(each[n]) for n in stage)))
         total = sum(r[0] for r in rows)
         print(f"  stages alone, less the empty run: {total:.3f} ms; the rest of the run "
               f"({ms(t_merged) - base - total:.3f} ms) is {len(stages) - 1} barriers and the "
               f"overlap of stages", flush=True)
-        for t, stage in sorted(rows, key=lambda r: -r[0]):
+        print(f"  {'stage ms':>10} {'separate':>9}  launches (work-groups)")
+        for t, stage, sep in sorted(rows, key=lambda r: -r[0]):
             what = ", ".join(f"{n} ({pk.phases[n].groups})" for n in stage)
-            print(f"  {t:8.4f} ms  {what}", flush=True)
+            print(f"  {t:10.4f} {sep:9.4f}  {what}", flush=True)
 
 
 if __name__ == "__main__":
