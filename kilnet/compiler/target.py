@@ -15,11 +15,12 @@ from . import schedule as sched
 #   pocl:  the cpu form was tuned on it (it runs a work-group as a loop split at each barrier).
 FORMS = {"intel": "cpu", "pocl": "cpu"}
 # Implementations whose steps run as one plan kernel (compiler/persistent.py) by default; with
-# KILNET_PLAN_KERNEL=1|0 it is on or off. None yet: on an H200 (benchmarks/results/
-# nvidia-h200-plan-kernel-2026-11-30.txt) it cut the host's time per step 3-6x and made W1's
-# train steps at batch 1 and 64 1.12x faster, but W2 at batch 32 and W1 at batch 1024 0.77-0.84x
-# (one work-group per compute unit, a grid barrier per launch), so it is opt-in.
-PLAN_KERNEL = ()
+# KILNET_PLAN_KERNEL=1|0 it is on or off. On an H200 (benchmarks/results/nvidia-h200-plan-kernel-
+# stages-2026-11-30.txt), with independent phases sharing a stage and launches of many
+# work-groups apart, it made every W1-W3 train step as fast as separate launches or faster (W1
+# b1 1.43x, b64 1.19x, b256 1.06x, b1024 1.00x; W2 b1 1.47x, b32 1.34x; W3 1.01x) and the
+# forward passes at batch 1 1.23-1.37x, except W1's (8 launches): 0.89x.
+PLAN_KERNEL = ("nvidia",)
 # ... and those that cannot run one.
 NO_PLAN_KERNEL = {"pocl": "PoCL had not compiled a 15-phase plan kernel after 2 minutes (it "
                           "turns a work-group into loops split at every barrier)",
