@@ -262,18 +262,15 @@ def _source(pk, launches, rendered, header):
     by_name = {launch.name: launch for launch in launches}
     for number, stage in enumerate(pk.stages):
         out.append(f"    {{   /* stage {number} */")
-        # The stage's virtual groups are those of its phases one after another; kl_e<j> is where
-        # phase j's end (a phase this run does not execute has none).
-        counts = []
-        for name in stage:
+        # The stage's virtual groups are those of its phases one after another: kl_e<j> is where
+        # phase j's end (0 more where this run does not execute phase j).
+        ends = [f"kl_e{j}" for j in range(len(stage))]
+        for j, name in enumerate(stage):
             i, p = pk.index[name], pk.phases[name]
             out.append(f"        /* {name}: {p.groups} work-groups of {'×'.join(map(str, p.local))}"
                        f"{'' if p.exact else ' (any size would do)'} */")
-            j = len(counts)
-            out.append(f"        const uint kl_e{j} = {f'kl_e{j - 1} + ' if j else ''}"
+            out.append(f"        const uint kl_e{j} = {ends[j - 1] + ' + ' if j else ''}"
                        f"(kl_run[{i // 32}] >> {i % 32} & 1u ? {p.groups}u : 0u);")
-            counts.append(j)
-        ends = [f"kl_e{j}" for j in counts]
         out.append(f"        if ({ends[-1]}) {{")
         out.append("            if (kl_started && !kl_sync(kl_bar, kl_n, kl_spins, &kl_ok)) return;")
         out.append("            kl_started = 1;")
