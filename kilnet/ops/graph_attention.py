@@ -41,7 +41,7 @@ import math
 import numpy as np
 
 from ..graph import graph_of
-from .base import Op, Param, int_attr, kernel, need, out, pow2_at_least, register
+from .base import Op, Param, inout, int_attr, kernel, need, out, pow2_at_least, register
 from .gemm import gemm, linear, linear_backward
 from .index import b, k, m, n
 
@@ -166,9 +166,24 @@ class GraphAttention(Op):
         for p in ("q", "k", "v"):
             ks += linear(ctx, f"forward_{p}", rows=R, n_in=W, n_out=HD, x=ctx.x(0),
                          weight=ctx.p(f"{p}.weight"), out=s[p], bias=ctx.p(f"{p}.bias"))
-        ks.append(self._attention(node, ctx, "forward_attention", "forward",
-                                  {"Q": s["q"], "K": s["k"], "V": s["v"], "P": out(s["p"]),
-                                   "O": out(s["o"])}))
+        if self._consts(node, ctx, "forward")["staged"]:
+            ks.append(self._attention(node, ctx, "forward_attention", "forward",
+                                      {"Q": s["q"], "K": s["k"], "V": s["v"], "P": out(s["p"]),
+                                       "O": out(s["o"])}))
+        else:
+            # S = Q·Kᵀ per (sample, head) = z into P's first block; the rows' softmaxes in
+            # place; O_set = A_set·V per (set, sample, head) = z, into O's [set][head] columns.
+            BH, cols = B * H, (b // H) * (U * HD) + (b % H) * DK
+            ks += gemm(ctx, "forward_scores", M=U, N=U, K=DK, batch=BH, a=s["q"], w=s["k"],
+                       out=s["p"], a_idx=cols + m * HD + k, b_idx=cols + n * HD + k,
+                       c_idx=b * (U * U) + m * U + n, a_kfast=True, b_nfast=False)
+            ks.append(self._attention(node, ctx, "forward_attention", "forward",
+                                      {"P": inout(s["p"])}))
+            head = ((b % BH) // H) * (U * HD) + (b % H) * DK
+            ks += gemm(ctx, "forward_values", M=U, N=DK, K=U, batch=2 * BH, a=s["p"], w=s["v"],
+                       out=s["o"], a_idx=b * (U * U) + m * U + k, b_idx=head + k * HD + n,
+                       c_idx=((b % BH) // H) * (U * 2 * HD) + m * (2 * HD) + (b // BH) * HD
+                       + (b % H) * DK + n, a_kfast=True, b_nfast=True)
         ks += linear(ctx, "forward_out", rows=R, n_in=2 * HD, n_out=W, x=s["o"],
                      weight=ctx.p("out.weight"), out=ctx.y, bias=ctx.p("out.bias"))
         return ks
@@ -183,10 +198,20 @@ class GraphAttention(Op):
         ks = linear_backward(ctx, "_out", rows=R, n_in=2 * HD, n_out=W, dz=ctx.dy, x=s["o"],
                              weight=ctx.p("out.weight"), dweight=ctx.dp("out.weight"),
                              dbias=ctx.dp("out.bias"), dx=do)
-        ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
-                                  {"V": s["v"], "P": s["p"], "dO": do, "dS": out(ds)}))
-        # dQ = dS·K, dK = dSᵀ·Q, dV = A_conᵀ·dO_con + A_notᵀ·dO_not: products batched over
-        # (sample, head) = z, with head h's columns of Q, K, V, dO picked by the index expressions.
+        if self._consts(node, ctx, "backward_scores")["staged"]:
+            ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
+                                      {"V": s["v"], "P": s["p"], "dO": do, "dS": out(ds)}))
+        else:
+            # dA_set = dO_set·Vᵀ per (set, sample, head) = z, then the rows' dS.
+            BH = B * H
+            da = ctx.scratch("da", 2 * B * H * U * U)
+            head = ((b % BH) // H) * (U * HD) + (b % H) * DK
+            ks += gemm(ctx, "backward_probs", M=U, N=U, K=DK, batch=2 * BH, a=do, w=s["v"],
+                       out=da, a_idx=((b % BH) // H) * (U * 2 * HD) + m * (2 * HD)
+                       + (b // BH) * HD + (b % H) * DK + k, b_idx=head + n * HD + k,
+                       c_idx=b * (U * U) + m * U + n, a_kfast=True, b_nfast=False)
+            ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
+                                      {"P": s["p"], "dA": da, "dS": out(ds)}))
         BH, BHUU = B * H, B * H * U * U
         cols = (b // H) * (U * HD) + (b % H) * DK + n      # unit (m or k) added below
         ks += gemm(ctx, "backward_q", M=U, N=DK, K=U, batch=BH, a=ds, w=s["k"], out=d["q"],
