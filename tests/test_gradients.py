@@ -163,6 +163,8 @@ def test_dense_sizes(in_shape, units, batch, activation, bias, loss, input_grads
     (7, 3, 5, 1, 1, 3, None),
     (8, 2, 4, 2, 2, 1, "leaky_relu"),
     (6, 5, 4, 2, 1, 3, "silu"),
+    (9, 2, 3, 3, 3, 2, "tanh"),          # windows tile the input: one product over all rows
+    (10, 2, 3, 3, 3, 2, None),           # ... except the last unit: a product per sample
 ])
 def test_conv1d(U, C, F, window, step, batch, activation):
     g, (x,) = graph([("x", (U, C))])

@@ -51,16 +51,28 @@ class Conv1d(Op):
 
     def forward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
-        return gemm(ctx, "forward", M=Uo, N=F, K=W * C, batch=ctx.batch, a=ctx.x(0), w=ctx.p("weight"),
-                    out=ctx.y, a_idx=b * (U * C) + m * (S * C) + k, b_idx=n * (W * C) + k,
-                    c_idx=b * (Uo * F) + m * F + n, a_kfast=True, b_nfast=False,
+        # Where the windows tile the input exactly (U = Uo·S: a window-1 conv, or step = window),
+        # every sample's rows follow the last one's: one product over all B·Uo rows, which is
+        # shaped better than B products of Uo rows (W2's window-1 convs on a 2-core EPYC: 19 %
+        # of the FMA peak batched by sample).
+        rows, batch, a_idx, c_idx = (ctx.batch * Uo, 1, m * (S * C) + k, m * F + n) \
+            if U == Uo * S else (Uo, ctx.batch, b * (U * C) + m * (S * C) + k, b * (Uo * F) + m * F + n)
+        return gemm(ctx, "forward", M=rows, N=F, K=W * C, batch=batch, a=ctx.x(0),
+                    w=ctx.p("weight"), out=ctx.y, a_idx=a_idx, b_idx=n * (W * C) + k,
+                    c_idx=c_idx, a_kfast=True, b_nfast=False,
                     bias=ctx.p("bias"), act=act, z=ctx.preactivation() if ctx.training else None)
 
     def backward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
         B = ctx.batch
         ks = scale_by_derivative(ctx, act, ctx.preactivation(), B * Uo * F)   # dY becomes dZ
-        if ctx.dx(0):
+        if ctx.dx(0) and W == 1 and S == 1:
+            # dX = dZ·W over all B·U rows at once (every tap in range: no predicate).
+            ks += gemm(ctx, "backward_input", M=B * U, N=C, K=F, a=ctx.dy, w=ctx.p("weight"),
+                       out=ctx.dx(0), a_idx=m * F + k, b_idx=k * C + n, c_idx=m * C + n,
+                       a_kfast=True, b_nfast=True, accumulate=ctx.acc(0),
+                       dscale=ctx.dx_scale(0))
+        elif ctx.dx(0):
             # dX[b, i, c] = Σ_{j, f} dZ[b, (i − j)/S, f]·W[f, j, c] over taps j where (i − j) is a
             # multiple of S inside [0, Uo·S): a GEMM over k = (j, f) with a predicate on A.
             u = m - k // F
