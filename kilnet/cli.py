@@ -145,7 +145,11 @@ def cmd_inspect(args):
     if args.batch < 1:
         raise UsageError(f"--batch must be >= 1, got {args.batch}")
     model = load_model(args.target, batch=args.batch)
-    if args.kernel:
+    pk = model.plan.plan_kernel
+    if args.kernel and pk is not None and args.kernel == pk.name:
+        print(f"// {pk.describe()}")
+        print(model.source(pk.name))
+    elif args.kernel:
         launch = next((la for la in model.kernels if args.kernel in (la.name, la.kernel)), None)
         if launch is None:
             raise UsageError(f"no launch named {args.kernel!r}; launches: "
@@ -274,7 +278,7 @@ def parser():
     p.add_argument("target", help="file.py or module (calls build_model), file.py:function, "
                    "module:function, or an export bundle folder")
     p.add_argument("--kernel", metavar="NAME", help="print the OpenCL source of this launch "
-                   "(e.g. dense_1.forward) instead of the tables")
+                   "(e.g. dense_1.forward), or of the plan kernel (kl_plan), instead of the tables")
     p.add_argument("--memory", action="store_true", help="print the memory map (buffers, roles, offsets)")
     graph_batch(p)
     p.set_defaults(func=cmd_inspect)

@@ -15,6 +15,8 @@ def summary(model):
            f"{'training' if plan.training else 'inference'} plan on {model.device.name.strip()}"
            + (f" ({plan.target.implementation}, {plan.target.kind} kernel form)" if plan.target else ""),
            "submit: " + model._exec.submit.why + _one_at_a_time(plan) + _no_plan_kernel(model)]
+    if model._exec.submit.name == "plan kernel":
+        out.append(plan.plan_kernel.describe())     # its stages, and what runs apart and why
     if plan.optimizer is not None:
         out.append(f"optimizer {plan.optimizer!r}; loss {plan.loss}")
     out.append("")

@@ -72,6 +72,27 @@ def agree(build, batch, steps, dtype="float32", apart=()):
     return one
 
 
+def inspect_plan_kernel():
+    """`kilnet inspect MODEL --kernel kl_plan` prints what the plan kernel runs and its source."""
+    import contextlib
+    import io
+    from kilnet import cli
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.py")
+        with open(path, "w") as f:
+            f.write("import kilnet as kn\n"
+                    "def build_model():\n"
+                    "    g = kn.Graph('tiny')\n"
+                    "    g.output('y', kn.dense(g.input('x', (5,)), 3, activation='tanh'))\n"
+                    "    return g\n")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cli.main(["inspect", path, "--batch", "2", "--kernel", persistent.NAME]) == 0
+    text = out.getvalue()
+    assert text.startswith("// plan kernel kl_plan: ") and "__kernel" in text, text[:400]
+    assert "void kl_plan(" in text and "/* stage 0 */" in text
+
+
 def run():
     # Under Oclgrind (an interpreter, in CI) one step per model, and the cases that do not
     # depend on the kernel form in one form only.
@@ -91,7 +112,9 @@ def run():
     finally:
         del os.environ["KILNET_SCHEDULES"]
         os.unlink(f.name)
+    assert "apart: softmax_1.forward (needs work-groups of 64)" in one.summary(), one.summary()
     runs = one._exec.submit.items[tuple(la.name for la in one.steps["train_step"])]
+    inspect_plan_kernel()
     assert [getattr(r, "phase", "plan") for r in runs] == ["plan", "forward", "plan"], runs
     # Two work-groups, and a wait at the barrier gives up after one spin: Oclgrind runs the
     # first work-group alone, so it must give up, and the call raises.
