@@ -49,7 +49,8 @@ def user_adjacency(U, rng):
 # the tests below so that a cold run builds each kernel once.
 CONFIGS = [  # U, W, heads, key_dim, adjacency, form of the gradient check
     (1, 3, 1, 2, None, "cpu"), (7, 3, 3, 2, "user", "gpu"), (7, 4, 1, 3, None, "cpu"),
-    (65, 2, 3, 2, "user", "gpu")]
+    (65, 2, 3, 2, "user", "gpu"),
+    (70, 2, 1, 20, None, "gpu")]     # a head too large to stage (3·70·20·8 B): the rows form
 
 
 @pytest.mark.parametrize("U,W,heads,key_dim,adj,kind", CONFIGS)
