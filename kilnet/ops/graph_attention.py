@@ -16,14 +16,19 @@ puts key k in query q's connected set; it need not be symmetric); default the ch
 (diagonal entries dropped) and baked into the kernel as a constant bit mask of U·⌈U/32⌉ words,
 which must fit OpenCL's minimum constant memory (64 KiB: a user adjacency of at most 712 units;
 the default chain has no such limit). Memory: the probabilities take 2·batch·heads·U² reals of
-scratch (plus batch·heads·U² for dS in training plans).
+scratch (plus batch·heads·U² for dS in training plans, and 2·batch·heads·U² for dA where the
+rows form runs).
 
-Kernels: three GEMMs for the projections, one kernel per (sample, head, query) row for both
-masked softmaxes and both outputs (the probabilities are kept in scratch for backward), one GEMM
-for ``out``. Backward: out's GEMMs; one row kernel for dS (each set's softmax Jacobian:
-dS_qk = Σ_set A_qk(dA_qk − Σ_j A_qj·dA_qj)/√dk, so the diagonal gets both sets' terms); GEMMs
-batched over (sample, head) for dQ = dS·K, dK = dSᵀ·Q and dV = Σ_set A_setᵀ·dO_set; then the
-projections' weight and bias gradients, and dx as the sum of the three input products.
+Kernels: three GEMMs for the projections, then per (sample, head, query) row both masked
+softmaxes (the probabilities are kept in scratch for backward), then one GEMM for ``out``. On
+GPUs, where a head's Q, K and V fit local memory, one kernel does the rows' scores, softmaxes and
+outputs (a work-group per sample and head, a team of lanes per row); elsewhere (CPUs, large
+heads) S = Q·Kᵀ and O_set = A_set·V are batched GEMMs around a row kernel for the softmaxes.
+Backward: out's GEMMs; dS (each set's softmax Jacobian: dS_qk = Σ_set A_qk(dA_qk −
+Σ_j A_qj·dA_qj)/√dk, so the diagonal gets both sets' terms), in one staged kernel on GPUs, else a
+row kernel after the GEMM dA_set = dO_set·Vᵀ; GEMMs batched over
+(sample, head) for dQ = dS·K, dK = dSᵀ·Q and dV = Σ_set A_setᵀ·dO_set; then the projections'
+weight and bias gradients, and dx as the sum of the three input products.
 
 Departures from the article (GTEFeedForward / GTEInsideGradients / CNeuronGTE): K is read at its
 own offset (the article's ``shift_k`` lacks the key_dim factor and reads K from the Q block);
