@@ -213,6 +213,23 @@ DEFAULT_BATCHES = {"W1": (1, 64, 256, 1024), "W2": (1, 32), "W3": (16,)}
 
 # -- PyTorch side ---------------------------------------------------------------------------
 
+def cuda_graph(torch, step, before=lambda: None):
+    """(graph, what step() returned while captured): ``step`` run three times on a side stream
+    (warm-up before capture), then captured; ``before()`` runs ahead of each, outside it."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            before()
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    before()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
 class TorchSide:
     """One workload in PyTorch: eager with fused Adam, and (CUDA) a captured CUDA graph."""
 
@@ -254,20 +271,14 @@ class TorchSide:
         opt = torch.optim.Adam(list(self.opt.param_groups[0]["params"]), lr=ADAM["lr"],
                                betas=(ADAM["b1"], ADAM["b2"]), eps=ADAM["eps"], fused=True,
                                capturable=True)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):                                    # warm-up before capture
-                opt.zero_grad(set_to_none=True)
-                self.fwd(self.sx, self.st).backward()
-                opt.step()
-        torch.cuda.current_stream().wait_stream(s)
-        self.graph = torch.cuda.CUDAGraph()
-        opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(self.graph):
-            self.sloss = self.fwd(self.sx, self.st)
-            self.sloss.backward()
+
+        def step():
+            loss = self.fwd(self.sx, self.st)
+            loss.backward()
             opt.step()
+            return loss
+        self.graph, self.sloss = cuda_graph(torch, step,
+                                            before=lambda: opt.zero_grad(set_to_none=True))
 
     def graph_step(self, x, t):
         self.sx.copy_(self.torch.from_numpy(np.asarray(x, np.float32)))
@@ -560,16 +571,8 @@ def forward_graph(torch, fwd, xn, dev):
     """The forward pass captured as a CUDA graph: each call copies the input in, replays, and
     copies the output out (as the eager side and kilnet's forward do)."""
     sx = torch.from_numpy(np.asarray(xn, np.float32)).to(dev)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
     with torch.no_grad():
-        with torch.cuda.stream(s):
-            for _ in range(3):                                    # warm-up before capture
-                fwd(sx)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            sy = fwd(sx)
+        graph, sy = cuda_graph(torch, lambda: fwd(sx))
 
     def run():
         sx.copy_(torch.from_numpy(np.asarray(xn, np.float32)))

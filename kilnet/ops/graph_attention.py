@@ -164,6 +164,17 @@ class GraphAttention(Op):
         s["p"] = ctx.scratch("p", 2 * B * H * U * U)
         return s
 
+    @staticmethod
+    def _rows_of(B, U, H, DK, sets):
+        """For products over z = (set, sample, head), ``sets`` of them: the index of element
+        (unit, column) of head h's block in Q, K or V (rows of H·DK), and in O or dO (rows of
+        2·H·DK: each set's heads)."""
+        HD, BH = H * DK, B * H
+        sample, head, part = (b // H if sets == 1 else (b % BH) // H), b % H, b // BH
+        return (lambda unit, col: sample * (U * HD) + unit * HD + head * DK + col,
+                lambda unit, col: sample * (U * 2 * HD) + unit * (2 * HD) + part * HD
+                + head * DK + col)
+
     def forward(self, node, ctx):
         B, U, W, H, DK, HD = self._dims(node, ctx)
         s, R = self._buffers(node, ctx), B * U
@@ -178,17 +189,16 @@ class GraphAttention(Op):
         else:
             # S = Q·Kᵀ per (sample, head) = z into P's first block; the rows' softmaxes in
             # place; O_set = A_set·V per (set, sample, head) = z, into O's [set][head] columns.
-            BH, cols = B * H, (b // H) * (U * HD) + (b % H) * DK
-            ks += gemm(ctx, "forward_scores", M=U, N=U, K=DK, batch=BH, a=s["q"], w=s["k"],
-                       out=s["p"], a_idx=cols + m * HD + k, b_idx=cols + n * HD + k,
+            qkv = self._rows_of(B, U, H, DK, 1)[0]
+            ks += gemm(ctx, "forward_scores", M=U, N=U, K=DK, batch=B * H, a=s["q"], w=s["k"],
+                       out=s["p"], a_idx=qkv(m, k), b_idx=qkv(n, k),
                        c_idx=b * (U * U) + m * U + n, a_kfast=True, b_nfast=False)
             ks.append(self._attention(node, ctx, "forward_attention", "forward",
                                       {"P": inout(s["p"])}))
-            head = ((b % BH) // H) * (U * HD) + (b % H) * DK
-            ks += gemm(ctx, "forward_values", M=U, N=DK, K=U, batch=2 * BH, a=s["p"], w=s["v"],
-                       out=s["o"], a_idx=b * (U * U) + m * U + k, b_idx=head + k * HD + n,
-                       c_idx=((b % BH) // H) * (U * 2 * HD) + m * (2 * HD) + (b // BH) * HD
-                       + (b % H) * DK + n, a_kfast=True, b_nfast=True)
+            qkv, o = self._rows_of(B, U, H, DK, 2)
+            ks += gemm(ctx, "forward_values", M=U, N=DK, K=U, batch=2 * B * H, a=s["p"],
+                       w=s["v"], out=s["o"], a_idx=b * (U * U) + m * U + k, b_idx=qkv(k, n),
+                       c_idx=o(m, n), a_kfast=True, b_nfast=True)
         ks += linear(ctx, "forward_out", rows=R, n_in=2 * HD, n_out=W, x=s["o"],
                      weight=ctx.p("out.weight"), out=ctx.y, bias=ctx.p("out.bias"))
         return ks
@@ -208,13 +218,11 @@ class GraphAttention(Op):
                                       {"V": s["v"], "P": s["p"], "dO": do, "dS": out(ds)}))
         else:
             # dA_set = dO_set·Vᵀ per (set, sample, head) = z, then the rows' dS.
-            BH = B * H
+            qkv, o = self._rows_of(B, U, H, DK, 2)
             da = ctx.scratch("da", 2 * B * H * U * U)
-            head = ((b % BH) // H) * (U * HD) + (b % H) * DK
-            ks += gemm(ctx, "backward_probs", M=U, N=U, K=DK, batch=2 * BH, a=do, w=s["v"],
-                       out=da, a_idx=((b % BH) // H) * (U * 2 * HD) + m * (2 * HD)
-                       + (b // BH) * HD + (b % H) * DK + k, b_idx=head + n * HD + k,
-                       c_idx=b * (U * U) + m * U + n, a_kfast=True, b_nfast=False)
+            ks += gemm(ctx, "backward_probs", M=U, N=U, K=DK, batch=2 * B * H, a=do, w=s["v"],
+                       out=da, a_idx=o(m, k), b_idx=qkv(n, k), c_idx=b * (U * U) + m * U + n,
+                       a_kfast=True, b_nfast=False)
             ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
                                       {"P": s["p"], "dA": da, "dS": out(ds)}))
         BH, BHUU = B * H, B * H * U * U

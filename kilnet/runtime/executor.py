@@ -181,9 +181,9 @@ class Executor:
         src = np.asarray(array).reshape(-1)
         assert src.size == b.size, (name, src.size, b.size)
         np.copyto(host, src, casting="unsafe")      # as astype: the dtype's rounding
-        slot[2] = self.cl.enqueue_copy(self.queue, self._mem(name), host,
-                                       dst_offset=self._offset(name) * self.item,
-                                       is_blocking=False)
+        slot[2] = cl.enqueue_copy(self.queue, self._mem(name), host,
+                                  dst_offset=self._offset(name) * self.item,
+                                  is_blocking=False)
 
     def read(self, name):
         b = self.plan.buffers[name]
