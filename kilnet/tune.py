@@ -42,10 +42,12 @@ CLEARLY_SLOWER = 1.25      # ... this much slower than the policy is dropped
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}   # of a buffer's largest value
 
 # Candidate shapes per family (filtered per launch; the policy's own is never a candidate).
-KVEC_BLOCKS = ((1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (3, 4), (4, 1), (4, 2), (4, 4), (4, 8),
-               (6, 2), (6, 4), (8, 1), (8, 2), (8, 4))          # RM × RN vector accumulators
+KVEC_BLOCKS = ((1, 4), (1, 8), (2, 2), (2, 3), (2, 4), (2, 5), (2, 8), (3, 3), (3, 4), (4, 1),
+               (4, 2), (4, 4), (4, 8), (6, 2), (6, 4), (8, 1), (8, 2), (8, 4))  # RM × RN vectors
 NVEC_BLOCKS = ((1, 2), (1, 4), (2, 2), (2, 4), (3, 2), (4, 1), (4, 2), (4, 3), (4, 4), (6, 1),
                (6, 2), (6, 3), (8, 1), (8, 2), (12, 1))        # rows × vectors of columns
+PANEL_ROWS = (8, 16, 32, 64, 128, 256)       # rows a CPU product's work-item passes (in blocks)
+K_CHUNKS = (32, 64, 256, 512)                # ... and its k-chunk in the n-vector form
 VEC_LOCALS = ((1, 1, 1), (4, 1, 1), (8, 1, 1), (16, 1, 1), (32, 1, 1), (64, 1, 1), (8, 2, 1),
               (4, 4, 1), (16, 2, 1))
 GPU_TILES = ((8, 32, 1, 1), (8, 64, 1, 2), (16, 16, 1, 1), (16, 16, 2, 2), (16, 32, 1, 2),
@@ -144,8 +146,8 @@ def describe(kind, s):
 # -- candidates ---------------------------------------------------------------------------------
 def candidates(target, kind, default, shape, stage, best):
     """Table entries to try for a launch of family ``kind`` whose policy schedule is ``default``:
-    stage 0 varies the family's main field; stage 1 (where there is one) its second field, on top
-    of ``best`` (stage 0's winning entry, {} when the policy's won). Entries the schedule checks
+    stage 0 varies the family's main field; later stages (where there are any) its other fields,
+    on top of ``best`` (the earlier stages' winning entry, {} when the policy's won). Entries the schedule checks
     refuse are skipped by the caller."""
     out = []
     if kind == "gemm_vec":
@@ -155,10 +157,16 @@ def candidates(target, kind, default, shape, stage, best):
                 cols = shape["N"] if kvec else -(-shape["N"] // V)
                 if RM <= shape["M"] and RN <= cols:
                     out.append({"block": [RM, RN]})
-        elif stage == 1:
+        elif stage == 1:             # rows per work-item (whole blocks), and k-chunks
+            RM = best.get("block", default.block)[0]
+            out = [dict(best, rows=RM * -(-r // RM)) for r in PANEL_ROWS if r <= 2 * shape["M"]]
+            if not kvec:
+                out += [dict(best, depth=d) for d in K_CHUNKS]
+        elif stage == 2:
             RM, RN = best.get("block", default.block)
+            MC = best.get("rows") or sched.panel_rows(shape, (RM, RN), V, target.compute_units)
             gx = -(-shape["N"] // (RN if kvec else RN * V))
-            gy = -(-shape["M"] // RM)
+            gy = -(-shape["M"] // MC)
             out = [dict(best, local=list(loc)) for loc in VEC_LOCALS
                    if loc[0] <= 2 * gx and loc[1] <= gy]
     elif kind == "gemm":
@@ -189,7 +197,7 @@ def candidates(target, kind, default, shape, stage, best):
     return [e for e in out if any(e.get(f, own[f]) != own[f] for f in own)]
 
 
-STAGES = {"gemm_vec": 2, "gemm": 2}
+STAGES = {"gemm_vec": 3, "gemm": 2}
 
 
 # -- the tuner ----------------------------------------------------------------------------------

@@ -15,18 +15,28 @@ CPU_IMPLEMENTATIONS = sorted({d["implementation"] for d in kn.devices(check=True
 
 
 def gemm_vec(impl, M, N, kvec, dtype="float"):
-    return Target("cpu", implementation=impl).schedule("gemm_vec", "p", dtype, M=M, N=N,
+    return Target("cpu", implementation=impl, compute_units=2).schedule("gemm_vec", "p", dtype, M=M, N=N,
                                                        kvec=kvec)
 
 
-def test_intel_takes_small_n_vector_groups_and_4x2_k_vector_blocks():
+def test_intel_takes_small_n_vector_groups_and_2x4_k_vector_blocks():
     # W1's input gradient at batch 64: the launch that ran 6x slower in groups of 16
     s = gemm_vec("intel", 64, 1000, False)
-    assert (s.block, s.local, s.vector) == ((6, 2), (4, 1, 1), 8)
+    assert (s.block, s.local, s.vector, s.rows, s.depth) == ((6, 2), (4, 1, 1), 8, 66, 128)
     s = gemm_vec("intel", 64, 1000, True)
-    assert (s.block, s.local) == ((4, 2), (16, 1, 1))
+    assert (s.block, s.local, s.rows, s.depth) == ((2, 4), (16, 1, 1), 64, None)
     assert gemm_vec("intel", 1, 1000, True).block == (1, 8)      # one row: the block's width
     assert gemm_vec("intel", 64, 1000, False, "double").vector == 4
+
+
+def test_a_work_item_takes_all_rows_up_to_64_unless_the_units_would_idle():
+    assert gemm_vec("intel", 256, 1000, True).rows == 64         # 4 ranges of 64 rows
+    assert gemm_vec("intel", 13, 1000, True).rows == 14          # one range, whole blocks
+    # 13 columns are 4 work-items of 4: too few for 4 per unit on 2 units at 64 rows,
+    # so the rows are halved (to whole blocks) until there are 8
+    assert gemm_vec("intel", 64, 13, True).rows == 32
+    assert gemm_vec("intel", 64, 45, True).rows == 64           # 12 work-items are enough
+    assert gemm_vec("intel", 64, 7, True).rows == 16
 
 
 def test_pocl_keeps_its_blocks_and_other_implementations_take_them():
@@ -42,7 +52,30 @@ def test_groups_shrink_to_the_launch():
     assert gemm_vec("intel", 13, 37, False).local == (4, 1, 1)
     assert gemm_vec("intel", 13, 16, False).local == (1, 1, 1)
     assert gemm_vec("pocl", 13, 37, False).local == (4, 1, 1)
-    assert gemm_vec("intel", 13, 3, True).local == (2, 1, 1)
+    assert gemm_vec("intel", 13, 7, True).local == (2, 1, 1)      # 2 work-items of 4 columns
+
+
+def test_intel_accumulates_with_fma_and_pocl_with_the_contracted_product():
+    assert schedule.CPU_PRODUCTS["intel"].fma and not schedule.CPU_PRODUCTS["pocl"].fma
+
+
+@pytest.mark.parametrize("entry, field", [({"block": [6, 2], "rows": 20}, "rows"),
+                                          ({"rows": 0}, "rows"), ({"depth": 0}, "depth")])
+def test_a_panel_override_that_does_not_fit_is_refused(tmp_path, entry, field):
+    import json
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"p": entry}))
+    with pytest.raises(kn.CompileError, match=f"'p'.*field '{field}'"):
+        t = Target("cpu", implementation="intel", schedules=schedule.load_table(str(path)))
+        t.schedule("gemm_vec", "p", M=64, N=1000, kvec=False)
+
+
+def test_a_k_chunk_for_the_k_vector_form_is_refused(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"p": {"depth": 64}}')
+    t = Target("cpu", implementation="intel", schedules=schedule.load_table(str(path)))
+    with pytest.raises(kn.CompileError, match="field 'depth' is the k-chunk of the n-vector"):
+        t.schedule("gemm_vec", "p", M=64, N=1000, kvec=True)
 
 
 def test_an_overridden_block_gets_the_implementations_group(monkeypatch, tmp_path):
@@ -65,10 +98,13 @@ def implementation(request, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("batch, n_in, n_out", [(13, 37, 71), (50, 300, 131), (1, 45, 9)])
+@pytest.mark.parametrize("batch, n_in, n_out", [(13, 37, 71), (50, 300, 131), (1, 45, 9),
+                                                (151, 133, 261)])
 def test_dense_products_match_numpy(implementation, dtype, batch, n_in, n_out):
     """y = x·Wᵀ + b (the k-vector form), and for mse the gradients dW = dzᵀ·x, dx = dz·W (the
-    n-vector form, rows = outputs and rows = samples), in the implementation's defaults."""
+    n-vector form, rows = outputs and rows = samples), in the implementation's defaults. The
+    last shapes take several ranges of rows per launch with a ragged last one, and k in
+    chunks with a ragged last chunk (dx: k = 261 in chunks of 128; dW: k = 151)."""
     g = kn.Graph("cpu_products")
     g.output("y", kn.dense(g.input("x", (n_in,)), n_out))
     m = kn.compile(g, batch=batch, loss="mse", dtype=dtype, input_grads=True, seed=2)

@@ -59,7 +59,8 @@ def slow_policy(monkeypatch):
     def slow(target, kind, dtype="float", **shape):
         s = real(target, kind, dtype, **shape)
         if kind == "gemm_vec":
-            return sched.Schedule(block=(1, 1), vector=s.vector, local=(1, 1, 1))
+            return sched.Schedule(block=(1, 1), vector=s.vector, local=(1, 1, 1), rows=1,
+                                  depth=s.depth)
         return s
     monkeypatch.setattr(sched, "policy", slow)
 
@@ -88,32 +89,32 @@ def test_tuned_table_is_read_by_a_fresh_compile_and_keeps_results(table, slow_po
     launch = next(la for la in after.kernels if la.name == LAUNCH)
     old = next(la for la in before.kernels if la.name == LAUNCH)
     assert launch.local_size == (16, 1, 1) and old.local_size == (1, 1, 1)
-    assert launch.global_size == (16 * -(-256 // 4 // 16), 8, 1)
+    assert launch.global_size == (16 * -(-256 // 4 // 16), 1, 1)     # one range of 32 rows
     np.testing.assert_allclose(after.forward(feeds)["y"], want_y, rtol=1e-5, atol=1e-6)
     got_g = after.gradients(feeds, targets)
     for name in want_g:
         np.testing.assert_allclose(got_g[name], want_g[name], rtol=1e-4, atol=1e-6)
-    assert "block 1x1 local 1x1x1" in result.report() and "block 4x4" in result.report()
+    assert "block 1x1 rows 1 local 1x1x1" in result.report() and "block 4x4" in result.report()
 
 
 def test_a_candidate_with_wrong_results_is_rejected(table, slow_policy, monkeypatch):
-    """A candidate whose launch covers half the rows is faster than any honest one; the check
+    """A candidate whose launch covers half the columns is faster than any honest one; the check
     against the policy's outputs must throw it out and keep the honest one."""
     real = tune.lower
 
-    def half_rows(*args, **kw):
+    def half_columns(*args, **kw):
         plan = real(*args, **kw)
         schedules = args[-1].schedules or {}
         if any(s.block == (2, 2) for s in schedules.values()):
             la = next(la for la in plan.launches if la.name == LAUNCH)
-            la.global_size = (la.global_size[0], la.global_size[1] // 2, la.global_size[2])
+            la.global_size = (la.global_size[0] // 2,) + tuple(la.global_size[1:])
         return plan
-    monkeypatch.setattr(tune, "lower", half_rows)
+    monkeypatch.setattr(tune, "lower", half_columns)
     few_candidates(monkeypatch, {"block": [2, 2]}, {"block": [4, 4]})
     result = tune.tune(build(), budget=60, only=LAUNCH)
     [row] = result.rows
     assert row.tried == 2 and len(row.rejected) == 1, result.report()
-    # the rows it skipped still hold the NaN the tuner's models are poisoned with
+    # the columns it skipped still hold the NaN the tuner's models are poisoned with
     assert row.rejected[0] == "block 2x2: buffer dense_1: 4096 values finite in one plan only"
     assert row.best == {"block": [4, 4]}
     assert json.loads(table.read_text()) == {k: {"block": [4, 4]} for k in result.entries}

@@ -31,6 +31,15 @@ LARGE_TK = 16         # ... of the large-tile form (gemm_large.cl.j2; 4096³ on 
 #                       40-45 at depth 8)
 
 
+# Each CPU gemm work-item passes up to PANEL_ROWS rows over its columns (gemm_vec.cl.j2), and
+# the n-vector form takes k in chunks of KC. Measured with /tmp lab kernels on W1's products at
+# batches 64 and 256 (2-core EPYC, Intel's runtime): 64-66 rows beat 30-32 by 0-10 %, and
+# 128-132 were no better at batch 256; chunks of 128 beat 256 by 0-20 %, and one chunk of
+# K = 1000 ran the input gradient at 61-126 GFLOP/s against 145-160 in chunks.
+PANEL_ROWS = 64
+KC = 128
+
+
 @dataclass(frozen=True)
 class CpuProducts:
     """The CPU gemm's defaults (gemm_vec.cl.j2) on one OpenCL implementation."""
@@ -38,6 +47,7 @@ class CpuProducts:
     nvec: tuple         # rows × vectors of columns per work-item in the n-vector form
     kvec_local: tuple   # (LX, LY): work-items per group at most, along n and m, k-vector form
     nvec_local: tuple   # ... n-vector form
+    fma: bool = False   # accumulate with fma() rather than the contracted `acc += x * y`
 
 
 # Per implementation, like target.FORMS; others take PoCL's. Measured on a 2-core EPYC (Zen 3,
@@ -56,7 +66,8 @@ class CpuProducts:
 #          1.05-1.1×.
 CPU_PRODUCTS = {
     "pocl": CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(16, 1)),
-    "intel": CpuProducts(kvec=(4, 2), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1)),
+    "intel": CpuProducts(kvec=(2, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1),
+                         fma=True),
 }
 
 
@@ -70,8 +81,9 @@ class Schedule:
     an override, None means "the policy's choice"."""
     local: tuple = None   # work-group size; the global size is the work rounded up to it
     tiles: tuple = None   # (TM, TN, RM, RN): a GPU gemm group's output tile and a lane's block
-    depth: int = None     # TK: the k-depth of a GPU gemm tile
+    depth: int = None     # TK: the k-depth of a GPU gemm tile; KC: a CPU n-vector gemm's k-chunk
     block: tuple = None   # (RM, RN): a CPU gemm work-item's register block
+    rows: int = None      # MC: the rows a CPU gemm work-item passes over its columns, RM at a time
     vector: int = None    # elements per explicit vector (CPU forms; 1 on GPUs)
     split: int = None     # k-slices (gemm) or row slices (reductions) summed by a second launch
 
@@ -83,7 +95,7 @@ class Schedule:
 # What an override may set, per family (the rest is derived from these or fixed by the template).
 TUNABLE = {"map": ("local",), "vector_map": ("local",), "group": ("local",),
            "gemm": ("tiles", "depth", "split"),
-           "gemv": ("local",), "gemm_vec": ("block", "local"), "column_sum": ("local",),
+           "gemv": ("local",), "gemm_vec": ("block", "rows", "depth", "local"), "column_sum": ("local",),
            "chunks": ("local",), "slices": ("split",)}
 
 
@@ -224,8 +236,9 @@ def policy(target, kind, dtype="float", **shape):
         else:
             RM, NV = cpu.nvec
             RM, RN = min(RM, M), min(NV, -(-N // V))
-        return Schedule(block=(RM, RN), vector=V,
-                        local=_vec_local(shape, (RM, RN), V, cpu))
+        MC = panel_rows(shape, (RM, RN), V, target.compute_units)
+        return Schedule(block=(RM, RN), vector=V, rows=MC, depth=None if shape["kvec"] else KC,
+                        local=_vec_local(shape, (RM, RN), V, MC, cpu))
     if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
         #                          queries of a head): a power of two up to GROUP_LANES
         cap = min(GROUP_LANES, target.max_work_group)
@@ -243,12 +256,26 @@ def policy(target, kind, dtype="float", **shape):
     raise AssertionError(f"unknown schedule kind {kind!r}")
 
 
-def _vec_local(shape, block, V, cpu):
+def panel_columns(shape, block, V):
+    """Work-items along n of a CPU gemm: each takes RN columns (k-vector form) or RN vectors."""
+    return -(-shape["N"] // (block[1] * (1 if shape["kvec"] else V)))
+
+
+def panel_rows(shape, block, V, units):
+    """MC for a CPU gemm: all rows up to PANEL_ROWS, in whole blocks, halved while the launch
+    would give each compute unit fewer than 4 work-items."""
+    RM, M = block[0], shape["M"]
+    MC = RM * -(-min(M, PANEL_ROWS) // RM)
+    while MC > RM and panel_columns(shape, block, V) * -(-M // MC) < 4 * units:
+        MC = RM * -(-MC // (2 * RM))
+    return MC
+
+
+def _vec_local(shape, block, V, MC, cpu):
     """CPU gemm: a group of up to (LX, LY) work-items (``cpu``'s for the form) along n (each RN
-    columns, or RN vectors) and m (each RM rows), no more than the launch has."""
+    columns, or RN vectors) and m (each MC rows), no more than the launch has."""
     most = cpu.kvec_local if shape["kvec"] else cpu.nvec_local
-    gx = -(-shape["N"] // (block[1] * (1 if shape["kvec"] else V)))
-    gy = -(-shape["M"] // block[0])
+    gx, gy = panel_columns(shape, block, V), -(-shape["M"] // MC)
     return (pow2_at_least(gx, most[0]), pow2_at_least(gy, most[1]), 1)
 
 
@@ -276,8 +303,10 @@ def choose(target, kind, name, dtype="float", **shape):
                                f"{', '.join(TUNABLE[kind])})")
     s = replace(s, **{f.name: getattr(over, f.name) for f in fields(Schedule)
                       if getattr(over, f.name) is not None})
+    if kind == "gemm_vec" and over.rows is None:
+        s = replace(s, rows=panel_rows(shape, s.block, s.vector, target.compute_units))
     if kind == "gemm_vec" and over.local is None:
-        s = replace(s, local=_vec_local(shape, s.block, s.vector, cpu_products(target)))
+        s = replace(s, local=_vec_local(shape, s.block, s.vector, s.rows, cpu_products(target)))
     if kind == "gemm" and s.split > 1 and not shape.get("splittable"):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'split' needs "
                            f"a product at batch 1 with one contiguous output")
@@ -299,6 +328,15 @@ def _check(target, kind, name, key, s, dtype, dims, shape):
                          f"{target.max_work_group}")
         if kind in ("gemv", "column_sum", "group") and any(n & (n - 1) for n in s.local):
             bad("local", f"must be powers of two (a tree reduction), got {list(s.local)}")
+    if kind == "gemm_vec":
+        RM = s.block[0]
+        if s.rows < RM or s.rows % RM:
+            bad("rows", f"must be a positive multiple of the block's {RM} rows, got {s.rows}")
+        if shape["kvec"] and s.depth is not None:
+            bad("depth", "is the k-chunk of the n-vector form; this launch takes the k-vector "
+                         "form, which runs all of k in registers")
+        if s.depth is not None and s.depth < 1:
+            bad("depth", f"must be at least 1, got {s.depth}")
     if kind == "gemm":
         TM, TN, RM, RN = s.tiles
         if TM % RM or TN % RN:
@@ -409,7 +447,7 @@ def parse_table(raw, source="schedule table"):
             where = f"{source}: entry {key!r}, field {field!r}"
             if field not in known:
                 raise CompileError(f"{where} is unknown (known: {', '.join(sorted(known))})")
-            if field in ("vector", "split", "depth"):
+            if field in ("vector", "split", "depth", "rows"):
                 if not _positive(v):
                     raise CompileError(f"{where} must be an int >= 1, got {v!r}")
             else:

@@ -5,7 +5,7 @@ The op states its product as index expressions; this module picks the kernel for
 and the k-split (compiler/schedule.py). Each function returns a list of kernels.
 """
 from ..compiler import symbolic
-from ..compiler.schedule import large_form
+from ..compiler.schedule import cpu_products, large_form
 from . import index
 from .base import kernel, out as written, round_up
 from .index import b, k, m, n
@@ -133,10 +133,11 @@ def _vector_gemm(ctx, step, consts, buffers, batch):
     s = ctx.schedule(step, "gemm_vec", M=M, N=N, kvec=kvec)
     (RM, RN), vec = s.block, s.vector
     if kvec:
-        consts.update(form="kvec", V=vec, RM=RM, RN=RN)
+        consts.update(form="kvec", V=vec, RM=RM, RN=RN, MC=s.rows)
     else:
-        consts.update(form="nvec", V=vec, RM=RM, NV=RN, RN=RN * vec)
-    gx, gy = -(-N // consts["RN"]), -(-M // consts["RM"])
+        consts.update(form="nvec", V=vec, RM=RM, NV=RN, RN=RN * vec, MC=s.rows, KC=s.depth)
+    consts["fma"] = cpu_products(ctx.target).fma
+    gx, gy = -(-N // consts["RN"]), -(-M // s.rows)
     glob, local = s.cover(gx, gy, batch)
     return [kernel(step, "gemm_vec", consts, buffers, glob, local)]
 
