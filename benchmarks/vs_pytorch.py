@@ -507,6 +507,12 @@ def run_workload(key, batch, o):
     return row
 
 
+# k's bound in each product template, in the order tried: gemm_vec's k-vector and n-vector forms,
+# gemm.cl.j2 whole and split, gemm_large.cl.j2.
+K_BOUNDS = (r"for \(; k \+ \d+ <= (\d+);", r"for \(int kc = 0; kc < (\d+);",
+            r"for \(int k0? = 0; k0? < (\d+);", r"min\((\d+), ", r"kend = (\d+);")
+
+
 def kernel_flops(plan, request, launch):
     """FLOPs of one product launch: 2·M·N·K per product, times the products the launch runs
     (its z-size, unless that is a k-split's slices). K is the loop bound of the rendered kernel
@@ -514,11 +520,11 @@ def kernel_flops(plan, request, launch):
     M, N = request.shape.get("M"), request.shape.get("N")
     src = plan.sources[launch.kernel]
     body = src[src.index("__kernel"):]
-    k = re.search(r"for \(; k \+ \d+ <= (\d+);|for \(int k0? = 0; k0? < (\d+);|min\((\d+), ", body)
-    if M is None or N is None or k is None:
+    K = next((int(k.group(1)) for pattern in K_BOUNDS for k in [re.search(pattern, body)] if k),
+             None)
+    if M is None or N is None or K is None:
         return None
-    K = int(next(v for v in k.groups() if v))
-    split = "kend" in body
+    split = re.search(r"\(b \+ 1\) \* \d+|kbeg = b \* \d+", body) is not None
     return 2.0 * M * N * K * (1 if split else launch.global_size[2])
 
 

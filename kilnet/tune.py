@@ -146,27 +146,28 @@ def describe(kind, s):
 # -- candidates ---------------------------------------------------------------------------------
 def candidates(target, kind, default, shape, stage, best):
     """Table entries to try for a launch of family ``kind`` whose policy schedule is ``default``:
-    stage 0 varies the family's main field; later stages (where there are any) its other fields,
-    on top of ``best`` (the earlier stages' winning entry, {} when the policy's won). Entries the schedule checks
-    refuse are skipped by the caller."""
+    stage 0 varies the family's main field; later stages (where there are any) its other
+    fields, on top of ``best`` (the earlier stages' winning entry, {} when the policy's won).
+    Entries the schedule checks refuse are skipped by the caller."""
     out = []
     if kind == "gemm_vec":
-        kvec, V = shape["kvec"], default.vector
-        if stage == 0:
+        kvec, V = sched.kvec_form(shape, default), default.vector
+        if stage == 0:           # blocks of the policy's form; the other form, where there is one
             for RM, RN in (KVEC_BLOCKS if kvec else NVEC_BLOCKS):
                 cols = shape["N"] if kvec else -(-shape["N"] // V)
                 if RM <= shape["M"] and RN <= cols:
                     out.append({"block": [RM, RN]})
-        elif stage == 1:             # rows per work-item (whole blocks), and k-chunks
-            RM = best.get("block", default.block)[0]
+            if shape["kvec"]:
+                out.append({"pack": not default.pack})
+        elif stage == 1:         # rows per work-item (whole blocks), and k-chunks
+            kvec, (RM, _) = _vec_form(target, shape, default, best)
             out = [dict(best, rows=RM * -(-r // RM)) for r in PANEL_ROWS if r <= 2 * shape["M"]]
             if not kvec:
                 out += [dict(best, depth=d) for d in K_CHUNKS]
         elif stage == 2:
-            RM, RN = best.get("block", default.block)
-            MC = best.get("rows") or sched.panel_rows(shape, (RM, RN), V, target.compute_units)
-            gx = -(-shape["N"] // (RN if kvec else RN * V))
-            gy = -(-shape["M"] // MC)
+            kvec, block = _vec_form(target, shape, default, best)
+            MC = best.get("rows") or sched.panel_rows(shape, kvec, block, V, target.compute_units)
+            gx, gy = sched.panel_columns(shape, kvec, block, V), -(-shape["M"] // MC)
             out = [dict(best, local=list(loc)) for loc in VEC_LOCALS
                    if loc[0] <= 2 * gx and loc[1] <= gy]
     elif kind == "gemm":
@@ -198,6 +199,14 @@ def candidates(target, kind, default, shape, stage, best):
 
 
 STAGES = {"gemm_vec": 3, "gemm": 2}
+
+
+def _vec_form(target, shape, default, best):
+    """(k-vector form?, block) of a CPU gemm under the entry ``best`` laid over ``default``."""
+    pack = best.get("pack", default.pack)
+    block = best.get("block") or (default.block if pack == default.pack else
+                                  sched.vec_block(target, shape, pack, default.vector))
+    return sched.kvec_form(shape, sched.Schedule(pack=pack)), tuple(block)
 
 
 # -- the tuner ----------------------------------------------------------------------------------

@@ -14,9 +14,9 @@ CPU_IMPLEMENTATIONS = sorted({d["implementation"] for d in kn.devices(check=True
                               if "CPU" in d["type"] and d["builds"] is None})
 
 
-def gemm_vec(impl, M, N, kvec, dtype="float"):
-    return Target("cpu", implementation=impl, compute_units=2).schedule("gemm_vec", "p", dtype, M=M, N=N,
-                                                       kvec=kvec)
+def gemm_vec(impl, M, N, kvec, dtype="float", K=1000, batch=1):
+    return Target("cpu", implementation=impl, compute_units=2).schedule(
+        "gemm_vec", "p", dtype, M=M, N=N, K=K, batch=batch, kvec=kvec)
 
 
 def test_intel_takes_small_n_vector_groups_and_2x4_k_vector_blocks():
@@ -55,6 +55,33 @@ def test_groups_shrink_to_the_launch():
     assert gemm_vec("intel", 13, 7, True).local == (2, 1, 1)      # 2 work-items of 4 columns
 
 
+def test_a_short_k_packs_b_and_takes_the_n_vector_form():
+    s = gemm_vec("intel", 2048, 64, True, K=64)
+    assert (s.pack, s.block, s.depth) == (True, (6, 2), 128)
+    s = gemm_vec("intel", 2048, 64, True, K=65)
+    assert (s.pack, s.block, s.depth) == (False, (2, 4), None)
+    assert gemm_vec("intel", 2048, 64, False, K=16).pack is None      # B runs along n already
+
+
+def test_batch_entries_count_as_work_items_for_the_rows():
+    # 4 work-items of 4 columns per entry: one entry halves the rows, 128 entries do not
+    assert gemm_vec("intel", 64, 13, True, K=512).rows == 32
+    assert gemm_vec("intel", 64, 13, True, K=512, batch=128).rows == 64
+
+
+def test_a_pack_override_takes_the_other_forms_block(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"p": {"pack": false}, "q": {"pack": true}}')
+    t = Target("cpu", implementation="intel", compute_units=2,
+               schedules=schedule.load_table(str(path)))
+    s = t.schedule("gemm_vec", "p", M=2048, N=64, K=64, batch=1, kvec=True)
+    assert (s.pack, s.block, s.depth) == (False, (2, 4), None)
+    s = t.schedule("gemm_vec", "q", M=2048, N=64, K=512, batch=1, kvec=True)
+    assert (s.pack, s.block, s.depth) == (True, (6, 2), 128)
+    with pytest.raises(kn.CompileError, match="'q'.*field 'pack' packs B's rows along k"):
+        t.schedule("gemm_vec", "q", M=2048, N=64, K=512, batch=1, kvec=False)
+
+
 def test_intel_accumulates_with_fma_and_pocl_with_the_contracted_product():
     assert schedule.CPU_PRODUCTS["intel"].fma and not schedule.CPU_PRODUCTS["pocl"].fma
 
@@ -67,7 +94,7 @@ def test_a_panel_override_that_does_not_fit_is_refused(tmp_path, entry, field):
     path.write_text(json.dumps({"p": entry}))
     with pytest.raises(kn.CompileError, match=f"'p'.*field '{field}'"):
         t = Target("cpu", implementation="intel", schedules=schedule.load_table(str(path)))
-        t.schedule("gemm_vec", "p", M=64, N=1000, kvec=False)
+        t.schedule("gemm_vec", "p", M=64, N=1000, K=1000, batch=1, kvec=False)
 
 
 def test_a_k_chunk_for_the_k_vector_form_is_refused(tmp_path):
@@ -75,7 +102,7 @@ def test_a_k_chunk_for_the_k_vector_form_is_refused(tmp_path):
     path.write_text('{"p": {"depth": 64}}')
     t = Target("cpu", implementation="intel", schedules=schedule.load_table(str(path)))
     with pytest.raises(kn.CompileError, match="field 'depth' is the k-chunk of the n-vector"):
-        t.schedule("gemm_vec", "p", M=64, N=1000, kvec=True)
+        t.schedule("gemm_vec", "p", M=64, N=1000, K=1000, batch=1, kvec=True)
 
 
 def test_an_overridden_block_gets_the_implementations_group(monkeypatch, tmp_path):
@@ -84,7 +111,7 @@ def test_an_overridden_block_gets_the_implementations_group(monkeypatch, tmp_pat
     table = schedule.load_table(str(path))
     for impl, lx in (("intel", 4), ("pocl", 16)):
         t = Target("cpu", implementation=impl, schedules=table)
-        s = t.schedule("gemm_vec", "p", M=64, N=1000, kvec=False)
+        s = t.schedule("gemm_vec", "p", M=64, N=1000, K=1000, batch=1, kvec=False)
         assert (s.block, s.local) == ((2, 1), (lx, 1, 1))
 
 

@@ -121,8 +121,9 @@ def test_bad_gpu_entry_is_refused(monkeypatch, tmp_path, table, words):
 def test_shape_key_wins_over_launch_name_over_family(monkeypatch, tmp_path):
     """What `kilnet tune` writes (launch name at one shape) applies at that shape only; the plain
     launch name and then the family apply elsewhere."""
-    at7 = schedule.shaped_key("dense_1.forward", "double", {"M": 7, "N": 37, "kvec": True})
-    assert at7 == "dense_1.forward@double:M=7,N=37,kvec=1"
+    at7 = schedule.shaped_key("dense_1.forward", "double",
+                              {"M": 7, "N": 37, "K": 42, "batch": 1, "kvec": True})
+    assert at7 == "dense_1.forward@double:K=42,M=7,N=37,batch=1,kvec=1"
     table = {at7: {"local": [4, 1, 1]}, "dense_1.forward": {"local": [2, 1, 1]},
              "gemm_vec": {"local": [8, 1, 1]}}
     m7 = run(monkeypatch, tmp_path, "cpu", table, batch=7)[0]

@@ -82,7 +82,8 @@ def test_tuned_table_is_read_by_a_fresh_compile_and_keeps_results(table, slow_po
     result = tune.tune(before, budget=60, only=LAUNCH)
     [row] = result.rows
     assert row.best == {"block": [4, 4]} and row.speedup > 1 + row.noise, result.report()
-    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "kvec": True})
+    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "K": 256, "batch": 1,
+                                               "kvec": True})
     assert result.path == str(table) and list(result.entries) == [key]
     assert sched.load_table(str(table))[key] == sched.Schedule(block=(4, 4))
     after = build()                                       # reads the device's table
@@ -138,6 +139,33 @@ def test_every_gpu_form_candidate_computes_the_same(table, monkeypatch):
     assert sum(r.tried for r in result.rows) >= 12, result.report()
     assert all(not r.rejected for r in result.rows), result.report()
     assert result.path is None and not table.exists()
+
+
+def test_cpu_product_candidates_cover_form_rows_chunks_and_groups():
+    t = Target("cpu", implementation="intel", compute_units=2)
+    shape = dict(M=64, N=100, K=48, batch=1, kvec=True)
+    default = t.schedule("gemm_vec", "p", **shape)
+    assert default.pack                                   # k = 48: packed, n-vector blocks
+    first = tune.candidates(t, "gemm_vec", default, shape, 0, {})
+    assert {"pack": False} in first and {"block": [4, 3]} in first
+    rows = tune.candidates(t, "gemm_vec", default, shape, 1, {"pack": False})
+    assert rows and all(e["pack"] is False and e["rows"] % 2 == 0 for e in rows)   # 2x4 blocks
+    assert {"depth": 32} in tune.candidates(t, "gemm_vec", default, shape, 1, {})
+    groups = tune.candidates(t, "gemm_vec", default, shape, 2, {"pack": False})
+    assert {"pack": False, "local": [8, 1, 1]} in groups
+
+
+def test_every_cpu_form_candidate_computes_the_same(table):
+    """Both CPU product forms, their rows, k-chunks and groups: no candidate that passes the
+    schedule checks may change results (k = 48, so the policy packs and the k-vector form is
+    the other candidate form)."""
+    g = kn.Graph("cpu_form")
+    h = kn.dense(g.input("x", (48,)), 70, activation="tanh")
+    g.output("y", kn.dense(h, 10))
+    model = kn.compile(g, batch=37, optimizer=kn.Adam(), loss="mse", input_grads=True)
+    result = tune.tune(model, budget=30, write=False, only="dense_1.forward")
+    [row] = result.rows
+    assert row.kind == "gemm_vec" and row.tried >= 10 and not row.rejected, result.report()
 
 
 def test_write_merges_and_a_failed_write_leaves_the_old_table(tmp_path, monkeypatch):
@@ -289,7 +317,8 @@ def test_an_entry_the_policy_now_beats_is_removed_and_others_kept(table, monkeyp
     work-item, groups of one): the policy wins, so the launch's old entry goes; the rest of the
     table stays."""
     model = build()
-    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "kvec": True})
+    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "K": 256, "batch": 1,
+                                               "kvec": True})
     table.parent.mkdir(parents=True)
     table.write_text(json.dumps({key: {"block": [1, 1]}, "other.forward": {"local": [8]}}))
     few_candidates(monkeypatch, {"block": [1, 1], "local": [1, 1, 1]})

@@ -38,6 +38,13 @@ LARGE_TK = 16         # ... of the large-tile form (gemm_large.cl.j2; 4096³ on 
 # K = 1000 ran the input gradient at 61-126 GFLOP/s against 145-160 in chunks.
 PANEL_ROWS = 64
 KC = 128
+# Products whose operands both run along k take the k-vector form, unless k is at most PACK_K:
+# its lanes' sums and each output's store then cost too much against K/V vector products, and
+# the n-vector form over B packed per panel runs faster (2048×64 by 64: 93 vs 127-140 GFLOP/s,
+# 2048×256 by 64: 95 vs 130-150; at K = 256 they were level, at K = 1000 the k-vector form
+# led 160 to 110). In W2's train step at batch 32 the packed K = 64 products ran 1.1-1.25x
+# faster, its K = 128 one 0.91x.
+PACK_K = 64
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,8 @@ class Schedule:
     depth: int = None     # TK: the k-depth of a GPU gemm tile; KC: a CPU n-vector gemm's k-chunk
     block: tuple = None   # (RM, RN): a CPU gemm work-item's register block
     rows: int = None      # MC: the rows a CPU gemm work-item passes over its columns, RM at a time
+    pack: bool = None     # a CPU gemm whose operands both run along k: the n-vector form over B's
+    #                       panel packed along n (True), or the k-vector form (False)
     vector: int = None    # elements per explicit vector (CPU forms; 1 on GPUs)
     split: int = None     # k-slices (gemm) or row slices (reductions) summed by a second launch
 
@@ -94,8 +103,8 @@ class Schedule:
 
 # What an override may set, per family (the rest is derived from these or fixed by the template).
 TUNABLE = {"map": ("local",), "vector_map": ("local",), "group": ("local",),
-           "gemm": ("tiles", "depth", "split"),
-           "gemv": ("local",), "gemm_vec": ("block", "rows", "depth", "local"), "column_sum": ("local",),
+           "gemm": ("tiles", "depth", "split"), "gemv": ("local",),
+           "gemm_vec": ("block", "pack", "rows", "depth", "local"), "column_sum": ("local",),
            "chunks": ("local",), "slices": ("split",)}
 
 
@@ -226,19 +235,11 @@ def policy(target, kind, dtype="float", **shape):
     if kind == "gemv":
         L = target.lanes or min(128, pow2_at_least(shape["K"], 128))
         return Schedule(local=(L, 1, 1))
-    if kind == "gemm_vec":       # shape: M, N, kvec
-        M, N = shape["M"], shape["N"]
-        cpu = cpu_products(target)
-        if shape["kvec"]:
-            RM, RN = cpu.kvec
-            if M < RM:                     # a row repeated past the edge is wasted work
-                RM, RN = M, RM * RN // M
-        else:
-            RM, NV = cpu.nvec
-            RM, RN = min(RM, M), min(NV, -(-N // V))
-        MC = panel_rows(shape, (RM, RN), V, target.compute_units)
-        return Schedule(block=(RM, RN), vector=V, rows=MC, depth=None if shape["kvec"] else KC,
-                        local=_vec_local(shape, (RM, RN), V, MC, cpu))
+    if kind == "gemm_vec":       # shape: M, N, K, batch, kvec (both operands run along k)
+        pack = shape["kvec"] and shape["K"] <= PACK_K
+        s = Schedule(block=vec_block(target, shape, pack, V), vector=V,
+                     pack=pack if shape["kvec"] else None)
+        return vec_panel(target, shape, s)
     if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
         #                          queries of a head): a power of two up to GROUP_LANES
         cap = min(GROUP_LANES, target.max_work_group)
@@ -256,26 +257,60 @@ def policy(target, kind, dtype="float", **shape):
     raise AssertionError(f"unknown schedule kind {kind!r}")
 
 
-def panel_columns(shape, block, V):
+def vec_block(target, shape, pack, V):
+    """The implementation's register block for a CPU gemm in the form ``pack`` implies."""
+    M, N = shape["M"], shape["N"]
+    cpu = cpu_products(target)
+    if shape["kvec"] and not pack:
+        RM, RN = cpu.kvec
+        if M < RM:                     # a row repeated past the edge is wasted work
+            RM, RN = M, RM * RN // M
+        return RM, RN
+    RM, NV = cpu.nvec
+    return min(RM, M), min(NV, -(-N // V))
+
+
+def kvec_form(shape, s):
+    """Whether a CPU gemm takes the k-vector form (else the n-vector form, over B as it is or
+    packed)."""
+    return shape["kvec"] and not s.pack
+
+
+def vec_panel(target, shape, s, rows=True, local=True):
+    """``s`` with the fields that follow from its block: the rows per work-item (``rows``), the
+    k-chunk of an n-vector form, the work-group (``local``)."""
+    kvec = kvec_form(shape, s)
+    if rows:
+        s = replace(s, rows=panel_rows(shape, kvec, s.block, s.vector, target.compute_units))
+    if not kvec and s.depth is None:
+        s = replace(s, depth=KC)
+    if local:
+        s = replace(s, local=_vec_local(shape, kvec, s.block, s.vector, s.rows,
+                                        cpu_products(target)))
+    return s
+
+
+def panel_columns(shape, kvec, block, V):
     """Work-items along n of a CPU gemm: each takes RN columns (k-vector form) or RN vectors."""
-    return -(-shape["N"] // (block[1] * (1 if shape["kvec"] else V)))
+    return -(-shape["N"] // (block[1] * (1 if kvec else V)))
 
 
-def panel_rows(shape, block, V, units):
+def panel_rows(shape, kvec, block, V, units):
     """MC for a CPU gemm: all rows up to PANEL_ROWS, in whole blocks, halved while the launch
-    would give each compute unit fewer than 4 work-items."""
+    (over all its batch entries) would give each compute unit fewer than 4 work-items."""
     RM, M = block[0], shape["M"]
     MC = RM * -(-min(M, PANEL_ROWS) // RM)
-    while MC > RM and panel_columns(shape, block, V) * -(-M // MC) < 4 * units:
+    others = panel_columns(shape, kvec, block, V) * shape.get("batch", 1)
+    while MC > RM and others * -(-M // MC) < 4 * units:
         MC = RM * -(-MC // (2 * RM))
     return MC
 
 
-def _vec_local(shape, block, V, MC, cpu):
+def _vec_local(shape, kvec, block, V, MC, cpu):
     """CPU gemm: a group of up to (LX, LY) work-items (``cpu``'s for the form) along n (each RN
     columns, or RN vectors) and m (each MC rows), no more than the launch has."""
-    most = cpu.kvec_local if shape["kvec"] else cpu.nvec_local
-    gx, gy = panel_columns(shape, block, V), -(-shape["M"] // MC)
+    most = cpu.kvec_local if kvec else cpu.nvec_local
+    gx, gy = panel_columns(shape, kvec, block, V), -(-shape["M"] // MC)
     return (pow2_at_least(gx, most[0]), pow2_at_least(gy, most[1]), 1)
 
 
@@ -303,10 +338,11 @@ def choose(target, kind, name, dtype="float", **shape):
                                f"{', '.join(TUNABLE[kind])})")
     s = replace(s, **{f.name: getattr(over, f.name) for f in fields(Schedule)
                       if getattr(over, f.name) is not None})
-    if kind == "gemm_vec" and over.rows is None:
-        s = replace(s, rows=panel_rows(shape, s.block, s.vector, target.compute_units))
-    if kind == "gemm_vec" and over.local is None:
-        s = replace(s, local=_vec_local(shape, s.block, s.vector, s.rows, cpu_products(target)))
+    if kind == "gemm_vec":
+        if over.pack is not None and over.pack != base.pack:     # the other form's defaults
+            s = replace(s, block=over.block or vec_block(target, shape, s.pack, s.vector),
+                        depth=over.depth)
+        s = vec_panel(target, shape, s, rows=over.rows is None, local=over.local is None)
     if kind == "gemm" and s.split > 1 and not shape.get("splittable"):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'split' needs "
                            f"a product at batch 1 with one contiguous output")
@@ -332,7 +368,9 @@ def _check(target, kind, name, key, s, dtype, dims, shape):
         RM = s.block[0]
         if s.rows < RM or s.rows % RM:
             bad("rows", f"must be a positive multiple of the block's {RM} rows, got {s.rows}")
-        if shape["kvec"] and s.depth is not None:
+        if s.pack and not shape["kvec"]:
+            bad("pack", "packs B's rows along k; this launch's B runs along n (or A along m)")
+        if kvec_form(shape, s) and s.depth is not None:
             bad("depth", "is the k-chunk of the n-vector form; this launch takes the k-vector "
                          "form, which runs all of k in registers")
         if s.depth is not None and s.depth < 1:
@@ -450,6 +488,9 @@ def parse_table(raw, source="schedule table"):
             if field in ("vector", "split", "depth", "rows"):
                 if not _positive(v):
                     raise CompileError(f"{where} must be an int >= 1, got {v!r}")
+            elif field == "pack":
+                if not isinstance(v, bool):
+                    raise CompileError(f"{where} must be true or false, got {v!r}")
             else:
                 sizes = {"tiles": 4, "block": 2}.get(field)
                 ok = isinstance(v, list) and v and all(_positive(n) for n in v) \

@@ -5,7 +5,7 @@ The op states its product as index expressions; this module picks the kernel for
 and the k-split (compiler/schedule.py). Each function returns a list of kernels.
 """
 from ..compiler import symbolic
-from ..compiler.schedule import cpu_products, large_form
+from ..compiler.schedule import cpu_products, kvec_form, large_form
 from . import index
 from .base import kernel, out as written, round_up
 from .index import b, k, m, n
@@ -126,16 +126,18 @@ def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight
 
 
 def _vector_gemm(ctx, step, consts, buffers, batch):
-    """CPU form: k-vectors when both operands run along k, else n-vectors of B."""
-    M, N = consts["M"], consts["N"]
+    """CPU form: k-vectors when both operands run along k (unless k is short: then n-vectors over
+    B packed per panel), else n-vectors of B."""
+    M, N, K = consts["M"], consts["N"], consts["K"]
     kvec = consts["a_kfast"] and not consts["b_nfast"] and not consts["a_pred"]
     assert kvec or consts["b_nfast"], "n-vector form needs B contiguous in n"
-    s = ctx.schedule(step, "gemm_vec", M=M, N=N, kvec=kvec)
+    s = ctx.schedule(step, "gemm_vec", M=M, N=N, K=K, batch=batch, kvec=kvec)
     (RM, RN), vec = s.block, s.vector
-    if kvec:
+    if kvec_form(dict(kvec=kvec), s):
         consts.update(form="kvec", V=vec, RM=RM, RN=RN, MC=s.rows)
     else:
-        consts.update(form="nvec", V=vec, RM=RM, NV=RN, RN=RN * vec, MC=s.rows, KC=s.depth)
+        consts.update(form="nvec", V=vec, RM=RM, NV=RN, RN=RN * vec, MC=s.rows, KC=s.depth,
+                      pack=bool(s.pack))
     consts["fma"] = cpu_products(ctx.target).fma
     gx, gy = -(-N // consts["RN"]), -(-M // s.rows)
     glob, local = s.cover(gx, gy, batch)
