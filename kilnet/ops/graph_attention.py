@@ -46,7 +46,8 @@ import math
 import numpy as np
 
 from ..graph import graph_of
-from .base import Op, Param, inout, int_attr, kernel, need, out, pow2_at_least, register
+from .base import (Op, Param, inout, int_attr, kernel, need, out, pow2_at_least, register,
+                   vector_width)
 from .gemm import gemm, linear, linear_backward
 from .index import b, k, m, n
 
@@ -144,7 +145,9 @@ class GraphAttention(Op):
         # forward stages Q, K and V; backward V and both sets' dO
         staged = ctx.target.kind == "gpu" and 3 * U * DK * item <= STAGE_BYTES
         return dict(mode=mode, B=B, U=U, H=H, DK=DK, scale=repr(1.0 / math.sqrt(DK)),
-                    words=words, bits=bits, connected=connected, staged=staged)
+                    words=words, bits=bits, connected=connected, staged=staged,
+                    VW=vector_width(ctx.target.kind, ctx.dtype),
+                    ivec="long" if ctx.dtype == "double" else "int")
 
     def _attention(self, node, ctx, step, mode, buffers):
         consts = self._consts(node, ctx, mode)
