@@ -82,6 +82,26 @@ def test_a_pack_override_takes_the_other_forms_block(tmp_path):
         t.schedule("gemm_vec", "q", M=2048, N=64, K=512, batch=1, kvec=False)
 
 
+def test_a_k_too_short_for_a_panel_takes_one_block_per_work_item():
+    assert gemm_vec("intel", 1000, 1000, False, K=1).rows == 6     # W1's dW at batch 1
+    assert gemm_vec("intel", 1000, 1000, False, K=16).rows == 66
+
+
+def test_a_family_entry_leaves_out_what_a_launch_form_has_no_use_for(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text('{"gemm_vec": {"depth": 64, "pack": true, "rows": 9}}')
+    t = Target("cpu", implementation="intel", compute_units=2,
+               schedules=schedule.load_table(str(path)))
+    nvec = t.schedule("gemm_vec", "p", M=64, N=1000, K=1000, batch=1, kvec=False)
+    assert (nvec.pack, nvec.depth, nvec.rows) == (None, 64, 12)     # rows: whole blocks of 6
+    packed = t.schedule("gemm_vec", "p", M=64, N=1000, K=1000, batch=1, kvec=True)
+    assert (packed.pack, packed.depth, packed.block) == (True, 64, (6, 2))
+    path.write_text('{"gemm_vec": {"depth": 64, "pack": false}}')
+    t = Target("cpu", implementation="intel", schedules=schedule.load_table(str(path)))
+    kvec = t.schedule("gemm_vec", "p", M=64, N=1000, K=32, batch=1, kvec=True)
+    assert (kvec.pack, kvec.depth, kvec.block) == (False, None, (2, 4))
+
+
 def test_intel_accumulates_with_fma_and_pocl_with_the_contracted_product():
     assert schedule.CPU_PRODUCTS["intel"].fma and not schedule.CPU_PRODUCTS["pocl"].fma
 

@@ -38,6 +38,10 @@ LARGE_TK = 16         # ... of the large-tile form (gemm_large.cl.j2; 4096³ on 
 # K = 1000 ran the input gradient at 61-126 GFLOP/s against 145-160 in chunks.
 PANEL_ROWS = 64
 KC = 128
+# ... unless k is shorter than PANEL_MIN_K: W1's weight gradients at batch 1 (k = 1, outer
+# products that only write 4 MB each) ran 1.3-1.4x slower in panels of 66 rows than one
+# block of 6 per work-item.
+PANEL_MIN_K = 16
 # Products whose operands both run along k take the k-vector form, unless k is at most PACK_K:
 # its lanes' sums and each output's store then cost too much against K/V vector products, and
 # the n-vector form over B packed per panel runs faster (2048×64 by 64: 93 vs 127-140 GFLOP/s,
@@ -297,8 +301,11 @@ def panel_columns(shape, kvec, block, V):
 
 def panel_rows(shape, kvec, block, V, units):
     """MC for a CPU gemm: all rows up to PANEL_ROWS, in whole blocks, halved while the launch
-    (over all its batch entries) would give each compute unit fewer than 4 work-items."""
+    (over all its batch entries) would give each compute unit fewer than 4 work-items; one
+    block where k is too short for a panel to be worth reusing."""
     RM, M = block[0], shape["M"]
+    if shape["K"] < PANEL_MIN_K:
+        return RM
     MC = RM * -(-min(M, PANEL_ROWS) // RM)
     others = panel_columns(shape, kvec, block, V) * shape.get("batch", 1)
     while MC > RM and others * -(-M // MC) < 4 * units:
@@ -336,12 +343,22 @@ def choose(target, kind, name, dtype="float", **shape):
             raise CompileError(f"schedule override {key!r} for launch {name!r}: field {f.name!r} "
                                f"is not tunable for a {kind} launch (tunable: "
                                f"{', '.join(TUNABLE[kind])})")
+    if key == kind and kind == "gemm_vec":
+        # A family entry covers launches of both forms: its fields that one of them has no
+        # use for are left out there rather than refused.
+        if not shape["kvec"]:
+            over = replace(over, pack=None)
+        if kvec_form(shape, replace(base, pack=over.pack if over.pack is not None
+                                    else base.pack)):
+            over = replace(over, depth=None)
     s = replace(s, **{f.name: getattr(over, f.name) for f in fields(Schedule)
                       if getattr(over, f.name) is not None})
     if kind == "gemm_vec":
         if over.pack is not None and over.pack != base.pack:     # the other form's defaults
             s = replace(s, block=over.block or vec_block(target, shape, s.pack, s.vector),
                         depth=over.depth)
+        if key == kind and over.rows is not None:     # whole blocks of whichever form
+            s = replace(s, rows=s.block[0] * -(-over.rows // s.block[0]))
         s = vec_panel(target, shape, s, rows=over.rows is None, local=over.local is None)
     if kind == "gemm" and s.split > 1 and not shape.get("splittable"):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'split' needs "
