@@ -176,3 +176,38 @@ def test_dense_products_match_numpy(implementation, dtype, batch, n_in, n_out):
                      (grads["dense_1.bias"], dz.sum(0))):
         np.testing.assert_allclose(got, ref, rtol=tol["rtol"],
                                    atol=tol["atol"] * np.abs(ref).max())
+
+
+ACTS = {"tanh": (np.tanh, lambda z: 1 - np.tanh(z) ** 2),
+        "leaky_relu": (lambda z: np.where(z > 0, z, 0.01 * z), lambda z: np.where(z > 0, 1, 0.01)),
+        "sigmoid": (lambda z: 1 / (1 + np.exp(-z)),
+                    lambda z: np.exp(-z) / (1 + np.exp(-z)) ** 2)}
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_vector_epilogue_matches_numpy(implementation, act, dtype):
+    """Interior blocks store bias, pre-activation, activation and the next layer's act'(z) as
+    vectors, edge blocks element by element: both in each product. Layer 1 takes the k-vector
+    form (k = 70), layer 2 the packed one (k = 37), and dx through layer 2 applies tanh' etc.
+    of layer 1 as it is stored."""
+    f, df = ACTS[act]
+    g = kn.Graph("epilogue")
+    h = kn.dense(g.input("x", (70,)), 37, activation=act)
+    g.output("y", kn.dense(h, 19, activation=act))
+    m = kn.compile(g, batch=13, loss="mse", dtype=dtype, input_grads=True, seed=4)
+    rng = np.random.default_rng(6)
+    x, t = rng.standard_normal((13, 70)), rng.standard_normal((13, 19))
+    W1, b1, W2, b2 = (m.params[k].astype(np.float64) for k in
+                      ("dense_1.weight", "dense_1.bias", "dense_2.weight", "dense_2.bias"))
+    z1 = x @ W1.T + b1
+    h1 = f(z1)
+    z2 = h1 @ W2.T + b2
+    y = f(z2)
+    dz2 = 2 * (y - t) / t.size * df(z2)
+    dz1 = dz2 @ W2 * df(z1)
+    want = {"y": y, "dense_2.weight": dz2.T @ h1, "dense_1.weight": dz1.T @ x, "x": dz1 @ W1}
+    got = dict(m.gradients({"x": x}, {"y": t}), y=m.forward({"x": x})["y"])
+    tol = 1e-4 if dtype == "float32" else 1e-11
+    for k, ref in want.items():
+        np.testing.assert_allclose(got[k], ref, rtol=tol, atol=tol * np.abs(ref).max(), err_msg=k)

@@ -34,6 +34,8 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     buffers = {"a": a, "w": w, "out": out}
     _epilogue(consts, buffers, accumulate, bias, act, z, dscale)
     if ctx.target.kind == "cpu":
+        sc = index.strides(c_idx, (n,))
+        consts["c_nfast"] = sc is not None and sc[n] == 1     # a block's row is contiguous
         return _vector_gemm(ctx, step, consts, buffers, batch)
     if M <= GEMV_ROWS and a_kfast and not b_nfast and a_pred is None and dscale is None:
         s = ctx.schedule(step, "gemv", K=K)
