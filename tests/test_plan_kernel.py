@@ -127,18 +127,38 @@ def test_runs_are_bitsets_of_phases():
 @pytest.mark.parametrize("var, value, message", [
     ("KILNET_PLAN_KERNEL", "yes", "KILNET_PLAN_KERNEL must be '0' or '1', got 'yes'"),
     ("KILNET_PLAN_MERGE", "no", "KILNET_PLAN_MERGE must be '0' or '1', got 'no'"),
-    ("KILNET_PLAN_KERNEL", "1", "KILNET_PLAN_KERNEL=1 on .*(crashed|had not compiled)"),
 ])
 def test_bad_settings_are_refused(monkeypatch, var, value, message):
-    """Here (Intel's or PoCL's CPU runtime) a plan kernel is refused, saying why."""
     monkeypatch.setenv(var, value)
     g, loss, opt, _, _ = qnet_like()
     with pytest.raises(kn.CompileError, match=message):
         kn.compile(g, batch=2, optimizer=opt, loss=loss)
 
 
-def test_off_by_default(monkeypatch):
+def default_runs_plan_kernels():
+    """Whether the default device's implementation runs plan kernels by default (NVIDIA's)."""
+    from kilnet.compiler.target import PLAN_KERNEL
+    from kilnet.runtime.device import implementation, select
+    return implementation(select()) in PLAN_KERNEL
+
+
+def test_asking_for_a_plan_kernel_where_it_cannot_run_is_refused(monkeypatch):
+    """On a CPU runtime (Intel's, PoCL) KILNET_PLAN_KERNEL=1 is refused, saying why; where plan
+    kernels run (NVIDIA) it gives one."""
+    monkeypatch.setenv("KILNET_PLAN_KERNEL", "1")
+    g, loss, opt, _, _ = qnet_like()
+    if default_runs_plan_kernels():
+        assert kn.compile(g, batch=2, optimizer=opt, loss=loss).plan.plan_kernel is not None
+        return
+    with pytest.raises(kn.CompileError, match="KILNET_PLAN_KERNEL=1 on .*(crashed|had not compiled)"):
+        kn.compile(g, batch=2, optimizer=opt, loss=loss)
+
+
+def test_on_by_default_only_where_the_implementation_runs_it(monkeypatch):
     monkeypatch.delenv("KILNET_PLAN_KERNEL", raising=False)
     g, loss, opt, _, _ = qnet_like()
     m = kn.compile(g, batch=2, optimizer=opt, loss=loss)
-    assert m.plan.plan_kernel is None and "plan kernel" not in m.summary()
+    if default_runs_plan_kernels():
+        assert m.plan.plan_kernel is not None and "plan kernel" in m.summary()
+    else:
+        assert m.plan.plan_kernel is None and "plan kernel" not in m.summary()
