@@ -46,7 +46,7 @@ KVEC_BLOCKS = ((1, 4), (1, 8), (2, 2), (2, 3), (2, 4), (2, 5), (2, 8), (3, 3), (
                (4, 2), (4, 4), (4, 8), (6, 2), (6, 4), (8, 1), (8, 2), (8, 4))  # RM × RN vectors
 NVEC_BLOCKS = ((1, 2), (1, 4), (2, 2), (2, 4), (3, 2), (4, 1), (4, 2), (4, 3), (4, 4), (6, 1),
                (6, 2), (6, 3), (8, 1), (8, 2), (12, 1))        # rows × vectors of columns
-PANEL_ROWS = (8, 16, 32, 64, 128, 256)       # rows a CPU product's work-item passes (in blocks)
+ROW_CHOICES = (8, 16, 32, 64, 128, 256)      # rows a CPU product's work-item passes (in blocks)
 K_CHUNKS = (32, 64, 256, 512)                # ... and its k-chunk in the n-vector form
 VEC_LOCALS = ((1, 1, 1), (4, 1, 1), (8, 1, 1), (16, 1, 1), (32, 1, 1), (64, 1, 1), (8, 2, 1),
               (4, 4, 1), (16, 2, 1))
@@ -161,7 +161,7 @@ def candidates(target, kind, default, shape, stage, best):
                 out.append({"pack": not default.pack})
         elif stage == 1:         # rows per work-item (whole blocks), and k-chunks
             kvec, (RM, _) = _vec_form(target, shape, default, best)
-            out = [dict(best, rows=RM * -(-r // RM)) for r in PANEL_ROWS if r <= 2 * shape["M"]]
+            out = [dict(best, rows=RM * -(-r // RM)) for r in ROW_CHOICES if r <= 2 * shape["M"]]
             if not kvec:
                 out += [dict(best, depth=d) for d in K_CHUNKS]
         elif stage == 2:

@@ -3,6 +3,8 @@ CPU_PRODUCTS): each implementation's policy picks its own blocks and groups, and
 those schedules match numpy on ragged shapes (rows not a multiple of the block, columns not a
 multiple of the vectors, groups past the edge), in float32 and float64, on every CPU
 implementation that builds kernels here."""
+import json
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,17 @@ CPU_IMPLEMENTATIONS = sorted({d["implementation"] for d in kn.devices(check=True
 def gemm_vec(impl, M, N, kvec, dtype="float", K=1000, batch=1):
     return Target("cpu", implementation=impl, compute_units=2).schedule(
         "gemm_vec", "p", dtype, M=M, N=N, K=K, batch=batch, kvec=kvec)
+
+
+def tabled(tmp_path, table, impl="intel"):
+    """gemm_vec(name, M, N, K, kvec): schedules of a 2-unit target that reads ``table`` from a
+    file (a bad table raises at the call that reads it)."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    t = Target("cpu", implementation=impl, compute_units=2,
+               schedules=schedule.load_table(str(path)))
+    return lambda name, M, N, K, kvec: t.schedule("gemm_vec", name, M=M, N=N, K=K, batch=1,
+                                                  kvec=kvec)
 
 
 def test_intel_takes_small_n_vector_groups_and_2x4_k_vector_blocks():
@@ -70,16 +83,13 @@ def test_batch_entries_count_as_work_items_for_the_rows():
 
 
 def test_a_pack_override_takes_the_other_forms_block(tmp_path):
-    path = tmp_path / "t.json"
-    path.write_text('{"p": {"pack": false}, "q": {"pack": true}}')
-    t = Target("cpu", implementation="intel", compute_units=2,
-               schedules=schedule.load_table(str(path)))
-    s = t.schedule("gemm_vec", "p", M=2048, N=64, K=64, batch=1, kvec=True)
+    vec = tabled(tmp_path, {"p": {"pack": False}, "q": {"pack": True}})
+    s = vec("p", 2048, 64, 64, True)
     assert (s.pack, s.block, s.depth) == (False, (2, 4), None)
-    s = t.schedule("gemm_vec", "q", M=2048, N=64, K=512, batch=1, kvec=True)
+    s = vec("q", 2048, 64, 512, True)
     assert (s.pack, s.block, s.depth) == (True, (6, 2), 128)
     with pytest.raises(kn.CompileError, match="'q'.*field 'pack' packs B's rows along k"):
-        t.schedule("gemm_vec", "q", M=2048, N=64, K=512, batch=1, kvec=False)
+        vec("q", 2048, 64, 512, False)
 
 
 def test_a_k_too_short_for_a_panel_takes_one_block_per_work_item():
@@ -88,17 +98,13 @@ def test_a_k_too_short_for_a_panel_takes_one_block_per_work_item():
 
 
 def test_a_family_entry_leaves_out_what_a_launch_form_has_no_use_for(tmp_path):
-    path = tmp_path / "t.json"
-    path.write_text('{"gemm_vec": {"depth": 64, "pack": true, "rows": 9}}')
-    t = Target("cpu", implementation="intel", compute_units=2,
-               schedules=schedule.load_table(str(path)))
-    nvec = t.schedule("gemm_vec", "p", M=64, N=1000, K=1000, batch=1, kvec=False)
+    vec = tabled(tmp_path, {"gemm_vec": {"depth": 64, "pack": True, "rows": 9}})
+    nvec = vec("p", 64, 1000, 1000, False)
     assert (nvec.pack, nvec.depth, nvec.rows) == (None, 64, 12)     # rows: whole blocks of 6
-    packed = t.schedule("gemm_vec", "p", M=64, N=1000, K=1000, batch=1, kvec=True)
+    packed = vec("p", 64, 1000, 1000, True)
     assert (packed.pack, packed.depth, packed.block) == (True, 64, (6, 2))
-    path.write_text('{"gemm_vec": {"depth": 64, "pack": false}}')
-    t = Target("cpu", implementation="intel", schedules=schedule.load_table(str(path)))
-    kvec = t.schedule("gemm_vec", "p", M=64, N=1000, K=32, batch=1, kvec=True)
+    vec = tabled(tmp_path, {"gemm_vec": {"depth": 64, "pack": False}})
+    kvec = vec("p", 64, 1000, 32, True)
     assert (kvec.pack, kvec.depth, kvec.block) == (False, None, (2, 4))
 
 
@@ -109,29 +115,19 @@ def test_intel_accumulates_with_fma_and_pocl_with_the_contracted_product():
 @pytest.mark.parametrize("entry, field", [({"block": [6, 2], "rows": 20}, "rows"),
                                           ({"rows": 0}, "rows"), ({"depth": 0}, "depth")])
 def test_a_panel_override_that_does_not_fit_is_refused(tmp_path, entry, field):
-    import json
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps({"p": entry}))
     with pytest.raises(kn.CompileError, match=f"'p'.*field '{field}'"):
-        t = Target("cpu", implementation="intel", schedules=schedule.load_table(str(path)))
-        t.schedule("gemm_vec", "p", M=64, N=1000, K=1000, batch=1, kvec=False)
+        tabled(tmp_path, {"p": entry})("p", 64, 1000, 1000, False)
 
 
 def test_a_k_chunk_for_the_k_vector_form_is_refused(tmp_path):
-    path = tmp_path / "t.json"
-    path.write_text('{"p": {"depth": 64}}')
-    t = Target("cpu", implementation="intel", schedules=schedule.load_table(str(path)))
+    vec = tabled(tmp_path, {"p": {"depth": 64}})
     with pytest.raises(kn.CompileError, match="field 'depth' is the k-chunk of the n-vector"):
-        t.schedule("gemm_vec", "p", M=64, N=1000, K=1000, batch=1, kvec=True)
+        vec("p", 64, 1000, 1000, True)
 
 
 def test_an_overridden_block_gets_the_implementations_group(monkeypatch, tmp_path):
-    path = tmp_path / "t.json"
-    path.write_text('{"gemm_vec": {"block": [2, 1]}}')
-    table = schedule.load_table(str(path))
     for impl, lx in (("intel", 4), ("pocl", 16)):
-        t = Target("cpu", implementation=impl, schedules=table)
-        s = t.schedule("gemm_vec", "p", M=64, N=1000, K=1000, batch=1, kvec=False)
+        s = tabled(tmp_path, {"gemm_vec": {"block": [2, 1]}}, impl)("p", 64, 1000, 1000, False)
         assert (s.block, s.local) == ((2, 1), (lx, 1, 1))
 
 
