@@ -3,7 +3,10 @@
 Each buffer gets its own allocation (debug_buffers) so a write past a buffer's end is an invalid
 access, and buffers that a step must rewrite start as NaN (poison) so a missed write shows up.
 """
+import json
+import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -39,11 +42,19 @@ def run():
     for opt in (kn.Adam(lr=1e-2), kn.SGD(lr=1e-2, momentum=0.9)):
         exercise(kn.compile(build(), batch=B, optimizer=opt, loss=loss, input_grads=True,
                             debug_buffers=True, poison=True), feeds, targets)
-    # A long batch and few outputs: the GPU form splits the weight gradient's k over work-groups.
+    # A long batch and few outputs: the GPU form splits the weight gradient's k over work-groups;
+    # a bias gradient sums its 300 rows in ragged slices (what GPUs with many units choose).
     g = kn.Graph("split_k")
     g.output("y", kn.dense(kn.dense(g.input("x", (5,)), 66, activation="relu"), 3))   # 64×64 tiles
-    wide = kn.compile(g, batch=300, optimizer=kn.SGD(lr=0.1), loss="mse", debug_buffers=True,
-                      poison=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        table = os.path.join(tmp, "slices.json")
+        with open(table, "w") as f:
+            json.dump({"dense_1.backward_bias": {"split": 7, "local": [32, 4]}}, f)
+        os.environ["KILNET_SCHEDULES"] = table
+        wide = kn.compile(g, batch=300, optimizer=kn.SGD(lr=0.1), loss="mse", debug_buffers=True,
+                          poison=True)
+        del os.environ["KILNET_SCHEDULES"]
+    assert any(la.name == "dense_1.backward_bias_reduce" for la in wide.kernels)
     exercise(wide, {"x": rng.standard_normal((300, 5))}, {"y": rng.standard_normal((300, 3))}, 1)
     # A long k with few outputs at a small batch: the GPU form splits the forward product and
     # applies bias and tanh after the slices' sum; 1100-element samples: the loss in chunks.
