@@ -4,7 +4,7 @@ tests/test_oclgrind.py runs this under Oclgrind.
 Every buffer is its own allocation (debug_buffers) and rewritten buffers start as NaN (poison).
 Covered: 128×128 tiles of 8×8 blocks (two real4 bands per lane) and 128×64 tiles of 8×4, edge
 tiles in m and n, a last partial k-tile, every operand layout (forward, input and weight
-gradients), bias, activation, the stored pre-activation, an input gradient that applies its
+gradients, a conv forward whose rows each have their own base), bias, activation, the stored pre-activation, an input gradient that applies its
 producer's derivative, and a k-split (a schedule override). The CPU form, and the general GPU
 form that the products with 9 columns take here, are left to oclgrind_model.py.
 """
@@ -45,6 +45,15 @@ def run():
     def large(launch):
         return "__local real4 As[2]" in model.plan.sources[launch.kernel]
     exercise(model, feeds, targets, 1, count=large)
+    # A strided conv's forward over all 11 × 11 rows: each row of A a lane loads has its own base
+    # (row m is position m % 11 of sample m // 11), edge tiles in m and n.
+    g = kn.Graph("oclgrind_conv_rows")
+    g.output("y", kn.conv1d(g.input("x", (23, 4)), 33, window=3, step=2, activation="gelu"))
+    conv = kn.compile(g, batch=11, optimizer=kn.SGD(lr=0.1), loss="mse", debug_buffers=True,
+                      poison=True)
+    assert "__local real4 As[2]" in conv.source("conv1d_1.forward")
+    exercise(conv, {"x": rng.standard_normal((11, 23, 4))}, {"y": rng.standard_normal((11, 11, 33))},
+             1, count=lambda launch: "__local real4 As[2]" in conv.plan.sources[launch.kernel])
 
 
 if __name__ == "__main__":

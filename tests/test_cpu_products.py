@@ -69,9 +69,9 @@ def test_groups_shrink_to_the_launch():
 
 
 def test_a_short_k_packs_b_and_takes_the_n_vector_form():
-    s = gemm_vec("intel", 2048, 64, True, K=64)
+    s = gemm_vec("intel", 2048, 64, True, K=schedule.PACK_K)
     assert (s.pack, s.block, s.depth) == (True, (6, 2), 128)
-    s = gemm_vec("intel", 2048, 64, True, K=65)
+    s = gemm_vec("intel", 2048, 64, True, K=schedule.PACK_K + 1)
     assert (s.pack, s.block, s.depth) == (False, (2, 4), None)
     assert gemm_vec("intel", 2048, 64, False, K=16).pack is None      # B runs along n already
 

@@ -23,6 +23,9 @@ CASES = {
     "large": (70, (5,), lambda x: kn.dense(kn.dense(x, 66, activation="tanh"), 67)),
     # 128×128 tiles with 8×8 blocks (130 × 131) and 128×64 with 8×4 (130 × 67), both ragged
     "huge": (130, (5,), lambda x: kn.dense(kn.dense(x, 131, activation="tanh"), 67)),
+    # a strided conv's forward over all 11 × 11 rows in the large-tile form: row m is position
+    # m % 11 of sample m // 11, so each row A's lanes load keeps its own base address
+    "conv_rows": (11, (23, 4), lambda x: kn.conv1d(x, 33, window=3, step=2, activation="gelu")),
     "edges": (13, (3, 11), lambda x: kn.dense(kn.dense(x, 33, activation="gelu"), 17, bias=False)),
     # the large-tile form at odd sizes (k = 65 and a batch of 133 leave partial k-tiles): x's
     # gradient accumulates over two products, the inner layer's derivative is applied as its
@@ -85,6 +88,8 @@ def test_tiled_and_vector_forms_agree(monkeypatch, case):
         assert {f[f"dense_{i}.{s}"] for i in (1, 2, 3) for s in ("forward", "backward_weight")} \
             == {"large"}
         assert f["dense_1.backward_input"] == f["dense_3.backward_input"] == "large"
+    if case == "conv_rows":
+        assert forms(mg)["conv1d_1.forward"] == "large"
     if case == "conv":       # a masked A (a_pred) and quotients in B take the general form
         f = forms(mg)
         assert f["conv1d_2.backward_input"] == f["conv1d_2.backward_weight"] == "general"

@@ -113,7 +113,7 @@ def test_bad_entry_is_refused(monkeypatch, tmp_path, table, words):
     ({"gemm": {"tiles": [128, 128, 8, 8], "depth": 256}}, ["'gemm'", "'tiles'", "local memory"]),
     ({"gemm": {"depth": 0}}, ["'gemm'", "'depth'", ">= 1"]),
     ({"column_sum": {"local": [8, 3]}}, ["'column_sum'", "'local'", "powers of two"]),
-    ({"conv1d_1.forward": {"split": 4}}, ["'conv1d_1.forward'", "'split'", "batch 1"]),
+    ({"conv1d_1.backward_input": {"split": 4}}, ["'conv1d_1.backward_input'", "'split'", "batch 1"]),
     ({"conv1d_1.backward_bias": {"split": 50}}, ["'conv1d_1.backward_bias'", "'split'", "49 rows"]),
     ({"conv1d_1.backward_bias": {"split": 2, "local": [64, 1]}}, ["'split'", "one lane per column"]),
 ])

@@ -52,8 +52,9 @@ PANEL_MIN_K = 16
 # the n-vector form over B packed per panel runs faster (2048×64 by 64: 93 vs 127-140 GFLOP/s,
 # 2048×256 by 64: 95 vs 130-150; at K = 256 they were level, at K = 1000 the k-vector form
 # led 160 to 110). In W2's train step at batch 32 the packed K = 64 products ran 1.1-1.25x
-# faster, its K = 128 one 0.91x.
-PACK_K = 64
+# faster, its K = 128 one 0.91x; W1's K = 96 conv forwards (all B·34 rows by 32 filters) ran
+# 0.80-0.82x the time packed at batch 256, 0.96-0.98x at batch 64.
+PACK_K = 96
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,13 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     # The slices' partial products are summed per output element by a column sum that then
     # applies the epilogue, so the output must be one contiguous M×N block (b is 0 at batch 1).
     splittable = batch == 1 and index.is_rows_of(c_idx, N)
-    # The large-tile form steps through k by adding a constant stride to each address.
+    # The large-tile form steps through k by adding a constant stride to each address: each
+    # operand must be affine in k. Where it is affine in m (A) or n (B) too, a lane's rows share
+    # one base address; else each row it loads keeps its own (conv1d's rows: sample, position).
     sa, sb = index.strides(a_idx, (m, k)), index.strides(b_idx, (k, n))
+    ska, skb = index.strides(a_idx, (k,)), index.strides(b_idx, (k,))
     shape = dict(M=M, N=N, K=K, splittable=splittable,
-                 affine=a_pred is None and sa is not None and sb is not None)
+                 affine=a_pred is None and ska is not None and skb is not None)
     s = ctx.schedule(step, "gemm", **shape)
     TM, TN, RM, RN = s.tiles
     TK = s.depth
@@ -56,8 +59,9 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     if large_form(shape, s.tiles, TK):
         template = "gemm_large"
         # Each operand is loaded along its contiguous dimension.
-        consts.update(SA=sa[k], SB=sb[k], SAM=sa[m], SBN=sb[n],
-                      a_kfast=abs(sa[k]) <= abs(sa[m]), b_nfast=abs(sb[n]) <= abs(sb[k]))
+        consts.update(SA=ska[k], SB=skb[k], SAM=sa and sa[m], SBN=sb and sb[n],
+                      a_kfast=abs(sa[k]) <= abs(sa[m]) if sa else a_kfast,
+                      b_nfast=abs(sb[n]) <= abs(sb[k]) if sb else b_nfast)
     local = (TN // RN, TM // RM, 1)
     split = s.split
     if split == 1:
