@@ -173,6 +173,23 @@ def test_conv1d(U, C, F, window, step, batch, activation):
         "y": ref.conv1d(f["x"], P["conv1d_1.weight"], P["conv1d_1.bias"], step, activation)})
 
 
+@pytest.mark.parametrize("step", [1, 2])
+def test_stacked_conv1d_input_gradients(step):
+    """conv -> conv: the upper conv's input gradient (a product, then a gather over taps) applies
+    the lower conv's gelu' as it is stored (dscale); x feeds two convs, so the second gather adds
+    to the first's gradient of x (accumulate). 8 channels: vectors of channels in the CPU form."""
+    g, (x,) = graph([("x", (13, 8))])
+    h = kn.conv1d(x, 8, 3, step=step, activation="gelu")
+    g.output("y", kn.conv1d(h, 3, 2, activation="tanh"))
+    g.output("w", kn.conv1d(x, 2, 4, step=3))
+
+    def ref_outputs(P, f):
+        H = ref.conv1d(f["x"], P["conv1d_1.weight"], P["conv1d_1.bias"], step, "gelu")
+        return {"y": ref.conv1d(H, P["conv1d_2.weight"], P["conv1d_2.bias"], 1, "tanh"),
+                "w": ref.conv1d(f["x"], P["conv1d_3.weight"], P["conv1d_3.bias"], 3)}
+    check_gradients(g, {"y": "mse", "w": "mse"}, 3, ref_outputs)
+
+
 # -- batchnorm ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("activation,batch", [(None, 3), ("tanh", 3)])

@@ -32,7 +32,7 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     consts = dict(M=M, N=N, K=K, a_kfast=a_kfast, b_nfast=b_nfast,
                   a_pred=None if a_pred is None else index.c(a_pred), **_macros(a_idx, b_idx, c_idx))
     buffers = {"a": a, "w": w, "out": out}
-    _epilogue(consts, buffers, accumulate, bias, act, z, dscale)
+    epilogue(consts, buffers, accumulate, bias, act, z, dscale)
     if ctx.target.kind == "cpu":
         sc = index.strides(c_idx, (n,))
         consts["c_nfast"] = sc is not None and sc[n] == 1     # a block's row is contiguous
@@ -77,14 +77,14 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     consts.update(KC=kc, split=True, **_macros(a_idx.subs(b, 0), b_idx.subs(b, 0),
                                                b * (M * N) + m * N + n))
     slices = {"a": a, "w": w, "out": partial}
-    _epilogue(consts, slices, False, None, "none", None, None)
+    epilogue(consts, slices, False, None, "none", None, None)
     glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
     return [kernel(step, template, consts, slices, glob, local)] + \
         column_sum(ctx, f"{step}_reduce", rows=split, cols=M * N, src=partial, out=out,
                    accumulate=accumulate, bias=bias, bias_period=N, act=act, z=z, dscale=dscale)
 
 
-def _epilogue(consts, buffers, accumulate, bias, act, z, dscale):
+def epilogue(consts, buffers, accumulate, bias, act, z, dscale):
     """The constants and buffers that templates/epilogue.cl.j2 reads."""
     consts.update(accumulate=accumulate, bias=bias is not None, store_z=z is not None,
                   act=symbolic.forward_c(act), dscale=dscale is not None)
@@ -166,7 +166,7 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
         partial = ctx.scratch(f"{step}.partial", split * cols)
         consts = dict(R=rows, RS=rs, N=cols, LX=LX, LY=LY, NB=cols)
         slices = {"src": src, "out": partial}
-        _epilogue(consts, slices, False, None, "none", None, None)
+        epilogue(consts, slices, False, None, "none", None, None)
         return [kernel(step, "column_sum", consts, slices, (round_up(cols, LX), LY, split),
                        s.local + (1,))] + \
             column_sum(ctx, f"{step}_reduce", rows=split, cols=cols, src=partial, out=out,
@@ -174,5 +174,5 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
                        dscale=dscale)
     consts = dict(R=rows, RS=rows, N=cols, LX=LX, LY=LY, NB=bias_period or cols)
     buffers = {"src": src, "out": out}
-    _epilogue(consts, buffers, accumulate, bias, act, z, dscale)
+    epilogue(consts, buffers, accumulate, bias, act, z, dscale)
     return [kernel(step, "column_sum", consts, buffers, (round_up(cols, LX), LY), s.local)]
