@@ -43,18 +43,21 @@ def run():
         exercise(kn.compile(build(), batch=B, optimizer=opt, loss=loss, input_grads=True,
                             debug_buffers=True, poison=True), feeds, targets)
     # A long batch and few outputs: the GPU form splits the weight gradient's k over work-groups;
-    # a bias gradient sums its 300 rows in ragged slices (what GPUs with many units choose).
+    # bias gradients sum their 300 rows in ragged slices, with lanes sharing rows and not (what
+    # devices whose units outnumber a sum's groups choose).
     g = kn.Graph("split_k")
     g.output("y", kn.dense(kn.dense(g.input("x", (5,)), 66, activation="relu"), 3))   # 64×64 tiles
     with tempfile.TemporaryDirectory() as tmp:
         table = os.path.join(tmp, "slices.json")
         with open(table, "w") as f:
-            json.dump({"dense_1.backward_bias": {"split": 7, "local": [32, 4]}}, f)
+            json.dump({"dense_1.backward_bias": {"split": 7, "local": [32, 4]},
+                       "dense_2.backward_bias": {"split": 5}}, f)
         os.environ["KILNET_SCHEDULES"] = table
         wide = kn.compile(g, batch=300, optimizer=kn.SGD(lr=0.1), loss="mse", debug_buffers=True,
                           poison=True)
         del os.environ["KILNET_SCHEDULES"]
-    assert any(la.name == "dense_1.backward_bias_reduce" for la in wide.kernels)
+    assert {"dense_1.backward_bias_reduce", "dense_2.backward_bias_reduce"} <= \
+        {la.name for la in wide.kernels}
     exercise(wide, {"x": rng.standard_normal((300, 5))}, {"y": rng.standard_normal((300, 3))}, 1)
     # A long k with few outputs at a small batch: the GPU form splits the forward product and
     # applies bias and tanh after the slices' sum; 1100-element samples: the loss in chunks.

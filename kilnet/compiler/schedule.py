@@ -29,10 +29,10 @@ CPU_VECTOR_LANES = 16  # ... when each work-item takes a vector in the CPU form 
 TK = 16               # k-depth of a general GPU gemm tile (gemm.cl.j2; the k-split counts in it)
 LARGE_TK = 16         # ... of the large-tile form (gemm_large.cl.j2; 4096³ on an H200: 46 TFLOP/s,
 #                       40-45 at depth 8)
-# A GPU column sum with fewer work-groups than compute units (conv bias gradients: 32 columns of
+# A column sum with fewer work-groups than compute units (conv bias gradients: 32 columns of
 # batch × positions rows) cuts its rows into slices of at least SLICE_ROWS, summed by a second
 # launch: W1's three conv bias gradients took 0.15 ms of a 1.3 ms step at batch 1024 on an H200
-# in 2 work-groups each.
+# in 2 work-groups each, and on a 2-core CPU ran on one core (one group of 32 work-items).
 SLICE_ROWS = 256
 
 
@@ -268,10 +268,10 @@ def policy(target, kind, dtype="float", **shape):
 
 
 def column_slices(target, local, shape):
-    """Row slices for a column sum of ``local`` work-groups: on a GPU, enough for two groups per
-    compute unit when its columns alone give fewer groups than units; else one."""
+    """Row slices for a column sum of ``local`` work-groups: enough for two groups per compute
+    unit when its columns alone give fewer groups than units; else one."""
     groups = -(-shape["cols"] // local[0])
-    if target.kind != "gpu" or local[1] == 1 or groups >= target.compute_units:
+    if groups >= target.compute_units:
         return 1
     return two_per_unit(target, groups, shape["rows"] // SLICE_ROWS)
 
@@ -400,9 +400,6 @@ def _check(target, kind, name, key, s, dtype, dims, shape):
             bad("local", f"must be powers of two (a tree reduction), got {list(s.local)}")
     if kind == "column_sum" and not 1 <= s.split <= shape["rows"]:
         bad("split", f"must be 1 to the launch's {shape['rows']} rows, got {s.split}")
-    if kind == "column_sum" and s.split > 1 and s.local[1] == 1:
-        bad("split", f"slices rows for lanes that share them: local {list(s.local)} has one "
-                     f"lane per column (the CPU form)")
     if kind == "gemm_vec":
         RM = s.block[0]
         if s.rows < RM or s.rows % RM:
