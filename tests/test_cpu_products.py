@@ -60,7 +60,8 @@ def test_pocl_keeps_its_blocks_and_other_implementations_take_them():
         assert gemm_vec(impl, 1, 1000, True).block == (1, 16)
 
 
-def test_groups_shrink_to_the_launch():
+def test_groups_shrink_to_the_launch(monkeypatch):
+    monkeypatch.setattr(schedule, "PAD_WASTE", float("inf"))     # the implementation's blocks
     # 37 columns are 5 vectors, 3 work-items of 2 vectors: a group of 4 along n at most
     assert gemm_vec("intel", 13, 37, False).local == (4, 1, 1)
     assert gemm_vec("intel", 13, 16, False).local == (1, 1, 1)
@@ -74,6 +75,17 @@ def test_a_short_k_packs_b_and_takes_the_n_vector_form():
     s = gemm_vec("intel", 2048, 64, True, K=schedule.PACK_K + 1)
     assert (s.pack, s.block, s.depth) == (False, (2, 4), None)
     assert gemm_vec("intel", 2048, 64, False, K=16).pack is None      # B runs along n already
+
+
+def test_a_block_that_pads_a_small_product_gives_way():
+    # W1's conv weight gradients at batch 256: 6×2 blocks would compute 36 × 96 and 36 × 48
+    s = gemm_vec("intel", 32, 96, False, K=8704)
+    assert (s.block, s.depth) == ((4, 3), schedule.SMALL_KC)
+    assert gemm_vec("intel", 32, 36, False, K=8704).block == (8, 1)
+    # ... but not a product that 6×2 fits within PAD_WASTE, nor the k-vector form
+    s = gemm_vec("intel", 64, 1000, False, K=1000)
+    assert (s.block, s.depth) == ((6, 2), schedule.KC)
+    assert gemm_vec("intel", 32, 96, True, K=8704).block == schedule.CPU_PRODUCTS["intel"].kvec
 
 
 def test_batch_entries_count_as_work_items_for_the_rows():
@@ -154,7 +166,9 @@ def test_dense_products_match_numpy(implementation, dtype, batch, n_in, n_out):
     cpu = schedule.CPU_PRODUCTS.get(implementation, schedule.CPU_PRODUCTS["pocl"])
     sizes = {k.name: tuple(k.local_size) for k in m.kernels}
     V = 8 if dtype == "float32" else 4
-    gx = -(-n_in // (cpu.nvec[1] * V))
+    NV = gemm_vec(implementation, batch, n_in, False, "double" if dtype == "float64" else "float",
+                  K=n_out).block[1]
+    gx = -(-n_in // (NV * V))
     want = 1
     while want < min(gx, cpu.nvec_local[0]):
         want *= 2

@@ -55,6 +55,14 @@ PANEL_MIN_K = 16
 # faster, its K = 128 one 0.91x; W1's K = 96 conv forwards (all B·34 rows by 32 filters) ran
 # 0.80-0.82x the time packed at batch 256, 0.96-0.98x at batch 64.
 PACK_K = 96
+# An n-vector block that would compute more than PAD_WASTE times the product's outputs (the
+# edges of a small M or N) gives way to the block of as many accumulators (or 8×1) that computes
+# the fewest, with k in chunks of SMALL_KC. W1's conv weight gradients (32 × 96 and 32 × 36, k =
+# batch × positions) took 6×2 blocks over 36 × 96 and 36 × 48 outputs: in 4×3 and 8×1 blocks
+# with chunks of 64 they ran in 0.52-0.63x the time at batch 256 (in-process A/B); the blocks
+# alone, with chunks of 128, took 1.26-1.43x (the chunks alone: level).
+PAD_WASTE = 1.1
+SMALL_KC = 64
 
 
 @dataclass(frozen=True)
@@ -249,7 +257,7 @@ def policy(target, kind, dtype="float", **shape):
         pack = shape["kvec"] and shape["K"] <= PACK_K
         s = Schedule(block=vec_block(target, shape, pack, V), vector=V,
                      pack=pack if shape["kvec"] else None)
-        return vec_panel(target, shape, s)
+        return vec_panel(target, shape, s if kvec_form(shape, s) else small_panel(shape, s))
     if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
         #                          queries of a head): a power of two up to GROUP_LANES
         cap = min(GROUP_LANES, target.max_work_group)
@@ -274,6 +282,27 @@ def column_slices(target, local, shape):
     if groups >= target.compute_units:
         return 1
     return two_per_unit(target, groups, shape["rows"] // SLICE_ROWS)
+
+
+def small_panel(shape, s):
+    """``s`` (an n-vector form), or where its block computes more than PAD_WASTE times the
+    product's outputs (edges of a small M or N), the block of as many accumulators (or 8×1)
+    that computes the fewest, taking k in chunks of SMALL_KC."""
+    (RM, NV), V, M, N = s.block, s.vector, shape["M"], shape["N"]
+    if M <= RM or padded(M, N, V, RM, NV) <= PAD_WASTE * M * N:
+        return s
+    block = min(nvec_blocks(RM * NV),
+                key=lambda b: (padded(M, N, V, *b), -b[0] * b[1], abs(b[0] - RM)))
+    return replace(s, block=(block[0], min(block[1], -(-N // V))), depth=SMALL_KC)
+
+
+def padded(M, N, V, RM, NV):
+    """Outputs an n-vector block of RM rows by NV vectors of V computes, edges included."""
+    return -(-M // RM) * RM * -(-N // (NV * V)) * NV * V
+
+
+def nvec_blocks(acc):
+    return [(r, acc // r) for r in range(1, acc + 1) if acc % r == 0] + [(8, 1)]
 
 
 def vec_block(target, shape, pack, V):
