@@ -160,19 +160,18 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
     rows) sums each slice into a partial row, and a second column sum adds those up."""
     s = ctx.schedule(step, "column_sum", rows=rows, cols=cols)
     LX, LY = s.local
-    if s.split > 1:
-        rs = -(-rows // s.split)
-        split = -(-rows // rs)
-        partial = ctx.scratch(f"{step}.partial", split * cols)
-        consts = dict(R=rows, RS=rs, N=cols, LX=LX, LY=LY, NB=cols)
-        slices = {"src": src, "out": partial}
-        epilogue(consts, slices, False, None, "none", None, None)
-        return [kernel(step, "column_sum", consts, slices, (round_up(cols, LX), LY, split),
-                       s.local + (1,))] + \
-            column_sum(ctx, f"{step}_reduce", rows=split, cols=cols, src=partial, out=out,
-                       accumulate=accumulate, bias=bias, bias_period=bias_period, act=act, z=z,
-                       dscale=dscale)
-    consts = dict(R=rows, RS=rows, N=cols, LX=LX, LY=LY, NB=bias_period or cols)
-    buffers = {"src": src, "out": out}
-    epilogue(consts, buffers, accumulate, bias, act, z, dscale)
-    return [kernel(step, "column_sum", consts, buffers, (round_up(cols, LX), LY), s.local)]
+    rs = -(-rows // s.split)
+    split = -(-rows // rs)
+    consts = dict(R=rows, RS=rs, N=cols, LX=LX, LY=LY, NB=bias_period or cols)
+    if split == 1:
+        buffers = {"src": src, "out": out}
+        epilogue(consts, buffers, accumulate, bias, act, z, dscale)
+        return [kernel(step, "column_sum", consts, buffers, (round_up(cols, LX), LY), s.local)]
+    partial = ctx.scratch(f"{step}.partial", split * cols)
+    slices = {"src": src, "out": partial}
+    epilogue(consts, slices, False, None, "none", None, None)
+    return [kernel(step, "column_sum", consts, slices, (round_up(cols, LX), LY, split),
+                   s.local + (1,))] + \
+        column_sum(ctx, f"{step}_reduce", rows=split, cols=cols, src=partial, out=out,
+                   accumulate=accumulate, bias=bias, bias_period=bias_period, act=act, z=z,
+                   dscale=dscale)
