@@ -28,7 +28,7 @@ def watch(plan, graph, seq, read, report):
     parameters). What a node's launches write is checked, its output first; updates are not
     checked: they run after it all."""
     def group(launch):
-        return launch.node, launch.phase == "backward"
+        return launch.node, launch.phase in ("backward", "gradient")
     last = {group(launch): launch.name for launch in seq}
     ops = {node.name: node.op for node in graph.nodes}
     reads, writes, done = {}, {}, []

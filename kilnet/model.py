@@ -287,10 +287,11 @@ class Model:
         self._infer = [launch for launch in plan.launches if launch.phase == "infer" or
                        (launch.phase == "forward" and launch.node not in moded)]
         self._eval = plan.phase("forward", "loss")
-        self._grad = plan.phase("forward", "loss", "backward")
+        self._grad = plan.phase("forward", "loss", "backward", "gradient")
         self._train = plan.phase("forward", "loss", "backward", "update_state", "optimizer")
         assert self._train[:len(self._eval)] == self._eval     # skip_non_finite relies on it
-        assert self._train[:len(self._grad)] == self._grad     # so does data-parallel train_step
+        # So does data-parallel train_step (whose plans have no "gradient" launches).
+        assert plan.phase("gradient") or self._train[:len(self._grad)] == self._grad
         steps = {"forward": self._infer}
         if plan.training:
             steps.update(evaluate=self._eval, gradients=self._grad)

@@ -98,4 +98,5 @@ def test_benchmark_measures_each_configuration(capsys):
     for r in rows:
         assert 0 < r["p10_ms"] <= r["median_ms"] <= r["p90_ms"]
         assert r["samples_s"] == pytest.approx(r["batch"] / r["median_ms"] * 1e3)
-    assert "per launch" in out and "optimizer.update" in out and "dense_1.backward_weight" in out
+    assert "per launch" in out and "optimizer.update" in out and "dense_1.backward_input" in out
+    assert "dense_1.weight.update" in out      # batch 2: the update forms the weight gradient

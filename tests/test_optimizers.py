@@ -124,3 +124,51 @@ def test_references_differ():
     s0 = ref.SGDRef(0.05, 0.0)
     s0.step(w, g)
     assert np.abs(s1.step(w, g)["w"] - s0.step(w, g)["w"]).max() > 1e-5
+
+
+def outer_graph():
+    """Dense layers of odd sizes with and without bias, after a conv (whose weight gradient is
+    not an outer product over the batch) and before a softmax."""
+    g = kn.Graph("outer")
+    x = g.input("x", (6, 3))
+    h = kn.conv1d(x, filters=5, window=2, activation="tanh")
+    h = kn.dense(h, 9, activation="leaky_relu")
+    h = kn.dense(h, 7, activation="tanh", bias=False)
+    g.output("p", kn.softmax(kn.dense(h, 6), heads=2))
+    return g
+
+
+@pytest.mark.parametrize("batch", [1, 4, 5])
+@pytest.mark.parametrize("which", ["sgd_momentum", "adam"])
+def test_small_batches_form_dense_weight_gradients_in_the_update(batch, which, monkeypatch):
+    """Up to OUTER_UPDATE_ROWS samples, train_step's optimizer forms each dense weight's gradient
+    itself (the products storing it run only for gradients()); the training is the one the
+    stored gradients give, step after step, also with every rewritten buffer poisoned first."""
+    from kilnet.compiler import lower, schedule
+    make, _ = OPTIMIZERS[which]
+    rng = np.random.default_rng(batch)
+    data = [(rng.standard_normal((batch, 6, 3)), rng.dirichlet(np.ones(3), (batch, 2)).reshape(batch, 6))
+            for _ in range(4)]
+    weights = ("dense_1.weight", "dense_2.weight", "dense_3.weight")
+    fused = kn.compile(outer_graph(), batch=batch, optimizer=make(), loss="cross_entropy",
+                       dtype="float64", seed=3, poison=True)
+    monkeypatch.setattr(lower, "OUTER_UPDATE_ROWS", 0)
+    stored = kn.compile(outer_graph(), batch=batch, optimizer=make(), loss="cross_entropy",
+                        dtype="float64", seed=3)
+    train = [la.name for la in fused.steps["train_step"]]
+    grads = [la.name for la in fused.steps["gradients"]]
+    small = batch <= schedule.OUTER_UPDATE_ROWS
+    assert all((f"{w}.update" in train) == small for w in weights)
+    assert all((f"{w[:-7]}.backward_weight" in train) != small for w in weights)
+    assert all(f"{w[:-7]}.backward_weight" in grads for w in weights)
+    assert not any(la.name.endswith("weight.update") for la in stored.steps["train_step"])
+    for x, t in data:
+        np.testing.assert_allclose(fused.train_step({"x": x}, {"p": t}),
+                                   stored.train_step({"x": x}, {"p": t}), rtol=1e-12)
+        for k in stored.params:
+            np.testing.assert_allclose(fused.params[k], stored.params[k], rtol=1e-12, atol=1e-15,
+                                       err_msg=k)
+    x, t = data[0]
+    a, b = fused.gradients({"x": x}, {"p": t}), stored.gradients({"x": x}, {"p": t})
+    for k in b:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-15, err_msg=k)

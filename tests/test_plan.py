@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+from kilnet.compiler.plan import PHASES
 
 ALIGN = 16
 
@@ -57,7 +58,7 @@ def test_launches_have_names_sizes_and_named_slots(rich):
     buffers = {b["name"]: b for b in rich.memory_map()}
     for launch in launches:
         assert isinstance(launch.name, str) and launch.name
-        assert launch.phase in ("infer", "forward", "loss", "backward", "update_state", "optimizer")
+        assert launch.phase in PHASES
         g, loc = tuple(launch.global_size), tuple(launch.local_size)
         assert 1 <= len(g) == len(loc) <= 3, launch
         assert all(isinstance(n, int) and n >= 1 for n in g + loc), launch

@@ -15,6 +15,7 @@ from ..ops.losses import ELEMENTWISE, check as check_loss, elementwise_loss, par
 from . import memory, names, persistent
 from .fusion import fuse_activation_derivatives, grad_writers, root
 from .plan import Arg, HostStep, Launch, Plan
+from .schedule import OUTER_UPDATE_ROWS
 from .specialise import Specialiser
 from .target import GPU
 
@@ -45,6 +46,12 @@ class Context:
 
     def dp(self, name):
         return names.grad(f"{self.node.name}.{name}")
+
+    def gradient_phase(self, grad):
+        """"gradient" when train_step's optimizer forms the parameter gradient ``grad`` itself
+        (`Lowering.outer`): the launches that store it then run only for ``gradients()``.
+        None otherwise (they run in the op's own phase)."""
+        return "gradient" if grad in self._l.outer else None
 
     def s(self, name):
         return f"{self.node.name}.{name}"
@@ -99,6 +106,7 @@ class Lowering:
         self.params, self.state = {}, {}
         self._node_params = {}
         self.targets, self.loss_parts, self.input_grad_buffers = {}, [], {}
+        self.outer = {}          # grad buffer -> (parameter, OuterGradient) the optimizer forms
 
     # -- buffers --------------------------------------------------------------------------
     def buffer(self, name, role, size, shape=()):
@@ -151,6 +159,7 @@ class Lowering:
                                                  self.launches[-1].name, k.kind, k.src, k.dst))
                 continue
             name = f"{node_name}.{k.step}{suffix}"
+            k_phase = k.phase or phase
             base, n = name, 1
             while any(launch.name == name for launch in self.launches):
                 n += 1
@@ -166,7 +175,7 @@ class Lowering:
                 extent = b.size if use.extent is None else use.extent
                 args.append(Arg(2 * i, f"{pname}_arena", b.name, b.role, b.role, use.access, extent))
                 args.append(Arg(2 * i + 1, f"{pname}_off", b.name, b.role, None))
-            self.launches.append(Launch(name, phase, kname, k.global_size, k.local_size, args,
+            self.launches.append(Launch(name, k_phase, kname, k.global_size, k.local_size, args,
                                         node_name))
 
     def forward(self):
@@ -239,6 +248,7 @@ class Lowering:
             ctx = Context(self, node, True)
             for i, inp in enumerate(node.inputs):
                 contribute(ctx, i, inp)
+            self.choose_outer(node, op, ctx)
             self.emit(node.name, "backward", op.backward(node, ctx))
         for node in self.graph.nodes:
             if not get_op(node.op).is_view:
@@ -246,6 +256,25 @@ class Lowering:
                           get_op(node.op).update_state(node, Context(self, node, True)))
         self.input_grad_buffers = {name: self.grad_buffer(node) for name, node
                                    in self.graph.inputs.items() if wants[name] and name in written}
+
+    def choose_outer(self, node, op, ctx):
+        """Which of the node's parameter gradients train_step's optimizer forms itself from the
+        rows of an outer-product sum (`OuterGradient`): those of at most OUTER_UPDATE_ROWS rows,
+        in a one-process plan (data-parallel training all-reduces the stored gradients)."""
+        if self.optimizer is None or self.ranks > 1:
+            return
+        for pname, og in op.outer_gradients(node, ctx).items():
+            if og.rows <= OUTER_UPDATE_ROWS:
+                full = f"{node.name}.{pname}"
+                self.outer[names.grad(full)] = (full, og)
+
+    def order_params(self):
+        """Parameters whose gradient the optimizer forms (`outer`) go last in the param, grad
+        and moment arenas, so that the others stay one range for one update launch."""
+        for full, _ in self.outer.values():
+            for name in [full, names.grad(full)] + [names.moment(full, i) for i in
+                                                    range(1, self.optimizer.moments + 1)]:
+                self.buffers[name] = self.buffers.pop(name)
 
     def optimizer_step(self):
         self.buffer(names.SCALARS, "scalar", 4)
@@ -261,17 +290,26 @@ class Lowering:
             return {"param": inout(param), "grad": names.grad(param), **moments,
                     "scal": names.SCALARS}
 
+        outer = {full: og for full, og in self.outer.values()}
+        stored = [p for p in self.params if p not in outer]
         if self.debug_buffers:
             # Each buffer is its own allocation here, so each parameter gets its own launch.
-            for full in self.params:
+            for full in stored:
                 self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, bufs(full),
                                                          sched(f"{full}.update"), scaled)])
-        else:
-            # One launch spans the whole arena: the first parameter sits at offset 0 in each of
-            # the param, grad and moment arenas, and the padding between parameters stays zero.
-            first = next(iter(self.params))
-            self.emit("optimizer", "optimizer", [opt.kernel(self.arenas["param"], bufs(first),
+        elif stored:
+            # One launch spans the arena up to the first parameter whose gradient the optimizer
+            # forms (order_params put those last): the first parameter sits at offset 0 in each
+            # of the param, grad and moment arenas, and the padding between parameters stays 0.
+            end = min((self.buffers[p].offset for p in outer), default=self.arenas["param"])
+            self.emit("optimizer", "optimizer", [opt.kernel(end, bufs(stored[0]),
                                                             sched("optimizer.update"), scaled)])
+        for full, og in outer.items():
+            fused = dict(bufs(full), dz=og.dz, x=og.x)
+            del fused["grad"]
+            self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, fused,
+                                                     sched(f"{full}.update"),
+                                                     outer=(og.rows,) + self.buffers[full].shape)])
 
     def liveness(self):
         """(first, last) forward step of each activation buffer, for inference-plan reuse."""
@@ -335,6 +373,8 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
     if loss:
         lo.backward()
     live = None if loss else lo.liveness()
+    if lo.outer:
+        lo.order_params()
     lo.arenas = memory.place(lo.buffers, live)
     if optimizer is not None:
         if not lo.params:

@@ -20,7 +20,7 @@ class Arg:
 @dataclass
 class Launch:
     name: str                   # "<node>.<step>", e.g. "dense_1.forward"
-    phase: str                  # infer | forward | loss | backward | update_state | optimizer
+    phase: str                  # one of PHASES
     kernel: str                 # OpenCL function name (shared by identical renders)
     global_size: tuple
     local_size: tuple
@@ -59,7 +59,9 @@ class HostStep:
     dst: str
 
 
-PHASES = ("infer", "forward", "loss", "backward", "update_state", "optimizer")
+# "gradient": launches storing a parameter gradient that train_step's optimizer forms itself
+# (ops.base.OuterGradient): gradients() runs them in their place in the backward pass.
+PHASES = ("infer", "forward", "loss", "backward", "gradient", "update_state", "optimizer")
 
 
 @dataclass

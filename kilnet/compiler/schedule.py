@@ -34,6 +34,10 @@ LARGE_TK = 16         # ... of the large-tile form (gemm_large.cl.j2; 4096³ on 
 # launch: W1's three conv bias gradients took 0.15 ms of a 1.3 ms step at batch 1024 on an H200
 # in 2 work-groups each, and on a 2-core CPU ran on one core (one group of 32 work-items).
 SLICE_ROWS = 256
+# A dense weight's gradient over at most this many rows (the batch) is formed by the optimizer as
+# it updates the weight, rather than stored by a product and read back (compiler/lower.py,
+# Lowering.choose_outer).
+OUTER_UPDATE_ROWS = 4
 
 
 # Each CPU gemm work-item passes up to PANEL_ROWS rows over its columns (gemm_vec.cl.j2), and

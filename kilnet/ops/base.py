@@ -86,6 +86,21 @@ class Kernel:
     names: list                # the kernel's own name for each argument
     global_size: tuple
     local_size: tuple = None
+    # "gradient": a launch that only stores a parameter gradient which train_step's optimizer
+    # forms itself (`OuterGradient`); ``gradients()`` runs it, train_step skips it. None: the
+    # phase the op's method implies.
+    phase: str = None
+
+
+@dataclass
+class OuterGradient:
+    """A parameter's gradient, shaped (N, K), that is Σ_r dz[r·N + n]·x[r·K + k] over ``rows``
+    rows: dense's weight, whose rows are the batch. At small batches the optimizer forms it as
+    it updates the parameter (compiler/lower.py, ``Lowering.outer``), so train_step neither
+    stores it nor reads it back: two of the update's eight passes over the parameter's memory."""
+    dz: str                    # buffer holding ∂L/∂(pre-activation) after the node's backward
+    x: str                     # the node's input, as its forward read it
+    rows: int
 
 
 @dataclass
@@ -185,6 +200,12 @@ class Op:
     def update_state(self, node, ctx):
         """Kernels updating layer state after a training forward (batch-norm running statistics)."""
         return []
+
+    def outer_gradients(self, node, ctx):
+        """{param name: `OuterGradient`} for parameters whose gradient is a sum of outer
+        products over rows that are still intact when the optimizer runs. The op's backward
+        must then tag the launches storing such a gradient with ``ctx.gradient_phase``."""
+        return {}
 
 
 def keeps_preactivation(node):

@@ -1,7 +1,7 @@
 """dense: y = act(W·flatten(x) + b); weight (units, in), bias (units,) as in torch.nn.Linear."""
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import GraphError, Op, Param, int_attr, keeps_preactivation, need, register
+from .base import GraphError, Op, OuterGradient, Param, int_attr, keeps_preactivation, need, register
 from .activation import scale_by_derivative
 from .gemm import linear, linear_backward
 
@@ -41,6 +41,11 @@ class Dense(Op):
                       weight=ctx.p("weight"), out=ctx.y,
                       bias=ctx.p("bias") if node.attrs["bias"] else None, act=act,
                       z=ctx.preactivation() if ctx.training else None)
+
+    def outer_gradients(self, node, ctx):
+        # dy holds dz once backward has run (scale_by_derivative works in place), and nothing
+        # writes it or the input afterwards.
+        return {"weight": OuterGradient(ctx.dy, ctx.x(0), ctx.batch)}
 
     def backward(self, node, ctx):
         U, I, act, B = node.attrs["units"], node.inputs[0].size, node.attrs["activation"], ctx.batch

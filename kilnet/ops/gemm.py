@@ -4,6 +4,8 @@ The op states its product as index expressions; this module picks the kernel for
 (local-memory tiles on GPUs, vector registers on CPUs); the target's schedule gives the tile shape
 and the k-split (compiler/schedule.py). Each function returns a list of kernels.
 """
+import dataclasses
+
 from ..compiler import symbolic
 from ..compiler.schedule import cpu_products, kvec_form, large_form
 from . import index
@@ -123,9 +125,11 @@ def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight
         ks += gemm(ctx, f"backward_input{suffix}", M=rows, N=n_in, K=n_out, a=dz, w=weight, out=dx,
                    a_idx=m * n_out + k, b_idx=k * n_in + n, c_idx=m * n_in + n,
                    a_kfast=True, b_nfast=True, accumulate=accumulate, dscale=dx_scale)
-    ks += gemm(ctx, f"backward{suffix}_weight", M=n_out, N=n_in, K=rows, a=dz, w=x, out=dweight,
-               a_idx=k * n_out + m, b_idx=k * n_in + n, c_idx=m * n_in + n,
-               a_kfast=False, b_nfast=True)
+    phase = ctx.gradient_phase(dweight)
+    ks += [dataclasses.replace(kn, phase=phase) for kn in
+           gemm(ctx, f"backward{suffix}_weight", M=n_out, N=n_in, K=rows, a=dz, w=x, out=dweight,
+                a_idx=k * n_out + m, b_idx=k * n_in + n, c_idx=m * n_in + n,
+                a_kfast=False, b_nfast=True)]
     if dbias is not None:
         ks += column_sum(ctx, f"backward{suffix}_bias", rows=rows, cols=n_out, src=dz, out=dbias)
     return ks
