@@ -232,9 +232,8 @@ def test_one_optimizer_launch_updates_every_parameter():
     opt = [launch for launch in m.kernels if launch.phase == "optimizer"]
     assert len(opt) == 1
     (launch,) = opt
-    from kilnet.compiler.target import Target
-    from kilnet.ops.base import vector_width
-    per_item = vector_width(Target.of(m.device).kind, "float")     # CPUs: a vector per item
+    # A vector per work-item on CPUs, and on GPUs that run a plan kernel.
+    per_item = m.plan.target.schedule("vector_map", launch.name).vector
     assert launch.global_size[0] * per_item >= m.plan.arenas["param"]
     bound = {a.value for a in launch.args if a.name.endswith("_arena")}
     assert {"param", "grad", "moment1"} <= bound
