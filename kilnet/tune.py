@@ -166,7 +166,8 @@ def candidates(target, kind, default, shape, stage, best):
                 out += [dict(best, depth=d) for d in K_CHUNKS]
         elif stage == 2:
             kvec, block = _vec_form(target, shape, default, best)
-            MC = best.get("rows") or sched.panel_rows(shape, kvec, block, V, target.compute_units)
+            MC = best.get("rows") or sched.panel_rows(shape, kvec, block, V, target.compute_units,
+                                                      bool(best.get("pack", default.pack)))
             gx, gy = sched.panel_columns(shape, kvec, block, V), -(-shape["M"] // MC)
             out = [dict(best, local=list(loc)) for loc in VEC_LOCALS
                    if loc[0] <= 2 * gx and loc[1] <= gy]

@@ -45,7 +45,13 @@ OUTER_UPDATE_ROWS = 4
 # batches 64 and 256 (2-core EPYC, Intel's runtime): 64-66 rows beat 30-32 by 0-10 %, and
 # 128-132 were no better at batch 256; chunks of 128 beat 256 by 0-20 %, and one chunk of
 # K = 1000 ran the input gradient at 61-126 GFLOP/s against 145-160 in chunks.
+# Where B is packed per panel (k <= PACK_K), the packing is paid once per panel: up to
+# PACKED_PANEL_ROWS rows then (in-process A/B, interleaved launches, medians of 20; 2-core EPYC,
+# Intel's runtime): 128 rows took 0.87-0.93x the time of 64 on every packed product of W2 b32
+# (2048 rows by 64 or 256, k = 64), W1 b64/b256 (the conv forwards) and W3 b16 (its head); 256
+# took 0.92-0.95x the time of 128 (W1 b64 conv1 level); 512 against 256 was mixed (0.93-1.14x).
 PANEL_ROWS = 64
+PACKED_PANEL_ROWS = 256
 KC = 128
 # ... unless k is shorter than PANEL_MIN_K: W1's weight gradients at batch 1 (k = 1, outer
 # products that only write 4 MB each) ran 1.3-1.4x slower in panels of 66 rows than one
@@ -333,7 +339,8 @@ def vec_panel(target, shape, s, rows=True, local=True):
     k-chunk of an n-vector form, the work-group (``local``)."""
     kvec = kvec_form(shape, s)
     if rows:
-        s = replace(s, rows=panel_rows(shape, kvec, s.block, s.vector, target.compute_units))
+        s = replace(s, rows=panel_rows(shape, kvec, s.block, s.vector, target.compute_units,
+                                       bool(s.pack)))
     if not kvec and s.depth is None:
         s = replace(s, depth=KC)
     if local:
@@ -347,14 +354,15 @@ def panel_columns(shape, kvec, block, V):
     return -(-shape["N"] // (block[1] * (1 if kvec else V)))
 
 
-def panel_rows(shape, kvec, block, V, units):
-    """MC for a CPU gemm: all rows up to PANEL_ROWS, in whole blocks, halved while the launch
-    (over all its batch entries) would give each compute unit fewer than 4 work-items; one
-    block where k is too short for a panel to be worth reusing."""
+def panel_rows(shape, kvec, block, V, units, pack=False):
+    """MC for a CPU gemm: all rows up to PANEL_ROWS (PACKED_PANEL_ROWS where B is packed per
+    panel), in whole blocks, halved while the launch (over all its batch entries) would give
+    each compute unit fewer than 4 work-items; one block where k is too short for a panel to be
+    worth reusing."""
     RM, M = block[0], shape["M"]
     if shape["K"] < PANEL_MIN_K:
         return RM
-    MC = RM * -(-min(M, PANEL_ROWS) // RM)
+    MC = RM * -(-min(M, PACKED_PANEL_ROWS if pack else PANEL_ROWS) // RM)
     others = panel_columns(shape, kvec, block, V) * shape.get("batch", 1)
     while MC > RM and others * -(-M // MC) < 4 * units:
         MC = RM * -(-MC // (2 * RM))
