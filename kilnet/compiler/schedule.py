@@ -63,8 +63,10 @@ PANEL_MIN_K = 16
 # 2048×256 by 64: 95 vs 130-150; at K = 256 they were level, at K = 1000 the k-vector form
 # led 160 to 110). In W2's train step at batch 32 the packed K = 64 products ran 1.1-1.25x
 # faster, its K = 128 one 0.91x; W1's K = 96 conv forwards (all B·34 rows by 32 filters) ran
-# 0.80-0.82x the time packed at batch 256, 0.96-0.98x at batch 64.
-PACK_K = 96
+# 0.80-0.82x the time packed at batch 256, 0.96-0.98x at batch 64. Once packed panels ran 256
+# rows (PACKED_PANEL_ROWS), W2's K = 128 product was faster packed too: 0.84x the time at batch
+# 32, 0.74x at batch 1 (in-process A/B, medians of 20); its K = 256 one only 0.88-0.98x.
+PACK_K = 128
 # An n-vector block that would compute more than PAD_WASTE times the product's outputs (the
 # edges of a small M or N) gives way to the block of as many accumulators (or 8×1) that computes
 # the fewest, with k in chunks of SMALL_KC. W1's conv weight gradients (32 × 96 and 32 × 36, k =
