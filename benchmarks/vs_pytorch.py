@@ -45,7 +45,9 @@ Python launch path), measured over separate calls. ``floor ms`` is the least tim
 could take: max(FLOPs / peak, bytes / bandwidth), where peak is the best GEMM rate measured here
 (kilnet's or cuBLAS/oneDNN's), bandwidth that of a large device-to-device copy measured by
 PyTorch, FLOPs = 2 x multiply-adds forward (x 3 for a train step) and bytes = the Adam update's
-7 streams of float32 parameters (a train step) or the parameters once (forward).
+6 streams of float32 parameters (a train step: parameters and both moments, each read and
+written; a gradient need not pass through memory, and at small batches kilnet's does not) or
+the parameters once (forward).
 """
 import argparse
 import datetime
@@ -499,7 +501,7 @@ def run_workload(key, batch, o):
     if ts:
         row["torch_host_ms"] = host_ms(lambda: ts.eager_enqueue(xn, tn), ts.sync,
                                        max(5, o.steps // 4))
-    flops, bytes_ = 3 * 2.0 * macs * batch, 7 * 4.0 * nparams
+    flops, bytes_ = 3 * 2.0 * macs * batch, 6 * 4.0 * nparams
     row["floor_ms"] = floor_ms(flops, bytes_, o.peaks)
     if PER_KERNEL:
         for m, how in zip(models, ("", " (with the table)") if len(models) > 1 else ("",)):
