@@ -295,19 +295,30 @@ def median_ms(ts):
     return statistics.median(ts) * 1e3
 
 
+# Untimed calls open each block for at least this long (and at least one call).
+SETTLE_S = 0.02
+
+
 def alternate(fns, steps, warmup, block=10):
     """Call each fn ``warmup`` times untimed, then time ``steps`` calls of each, in blocks of
-    ``block`` calls of one fn that take turns; the first call of every block is not timed. A call
-    right after another fn pays for switching to it, which a program running only that fn never
-    pays: on the H200 a kilnet step right after a PyTorch step (CUDA and OpenCL contexts
-    time-sharing the GPU) took 0.64 ms against 0.30-0.36 ms back to back."""
+    ``block`` calls of one fn that take turns; each block starts with untimed calls for SETTLE_S.
+    Calls right after another fn pay for switching to it, which a program running only that fn
+    never pays: on the H200 a kilnet step right after a PyTorch step (CUDA and OpenCL contexts
+    time-sharing the GPU) took 0.64 ms against 0.30-0.36 ms back to back. On a 2-core CPU the
+    other side's worker threads keep running for milliseconds after its last call: W2's train
+    step at batch 1 took 1.06 ms with one untimed call per block, 0.82 with three, 0.77 with ten,
+    and 0.76 ms with no PyTorch in the process; PyTorch's took 2.29-2.36 ms in all three. Three
+    runs each, one untimed call against SETTLE_S (2-core EPYC, Intel's runtime): kilnet W2 train
+    b1 1.07-1.09 vs 0.73-0.80 ms, forward b1 W2 0.39-0.41 vs 0.26-0.30, W1 0.43-0.59 vs
+    0.25-0.33 ms; PyTorch eager alike either way (W2 train 2.34-2.61 vs 2.26-2.52 ms, forward
+    0.53-0.58 vs 0.52-0.56 ms)."""
     for _ in range(warmup):
         for f in fns:
             f()
     times = [[] for _ in fns]
     while len(times[0]) < steps:
         for f, ts in zip(fns, times):
-            f()
+            settle(f)
             for _ in range(min(block, steps - len(ts))):
                 t0 = time.perf_counter()
                 f()
@@ -315,7 +326,16 @@ def alternate(fns, steps, warmup, block=10):
     return [median_ms(ts) for ts in times]
 
 
+def settle(f):
+    """Untimed calls of ``f`` for SETTLE_S (at least one)."""
+    t0 = time.perf_counter()
+    f()
+    while time.perf_counter() - t0 < SETTLE_S:
+        f()
+
+
 def host_ms(enqueue, finish, steps):
+    settle(lambda: (enqueue(), finish()))
     ts = []
     for _ in range(steps):
         finish()
