@@ -21,6 +21,7 @@ def build():
     c2 = kn.conv1d(x, filters=5, window=5, step=1)                            # (3, 5)
     n = kn.add_norm(c, kn.activation(c2, "sigmoid"))
     j = kn.concat(n, c2, n)                                                   # (3, 15), n twice
+    j = kn.add_norm(j, kn.activation(j, "tanh"))     # rows of 15: a vector of 8 and 7 alone (CPU)
     h = kn.dense(j, 9, activation="tanh")
     h = kn.batchnorm(kn.reshape(h, (3, 3)), activation="leaky_relu")
     p = kn.softmax(kn.dense(h, 6), heads=3)

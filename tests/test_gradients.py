@@ -281,8 +281,9 @@ def test_concat_flat():
 @pytest.mark.parametrize("form", ["cpu", "gpu"])
 @pytest.mark.parametrize("shape,batch", [((4, 7), 3), ((9,), 1), ((3, 37), 5)])
 def test_add_norm(monkeypatch, shape, batch, form):
-    """Both forms: one work-item per row, and a team of lanes per row (37: a team of 64 with
-    lanes past the row, several rows a work-group and a last group part empty)."""
+    """Both forms: one work-item per row, along it in vectors and then one element at a time
+    (rows of 7, 9, 37), and a team of lanes per row (37: a team of 64 with lanes past the row,
+    several rows a work-group and a last group part empty)."""
     monkeypatch.setenv("KILNET_TARGET", form)
     g, (a, b) = graph([("a", shape), ("b", shape)])
     g.output("y", kn.add_norm(a, b))

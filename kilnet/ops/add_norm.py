@@ -5,7 +5,7 @@ in backward; here the sum is plain and the backward pass is the true derivative:
 dz = inv/D·(D·g − Σg − ẑ·Σ(g·ẑ)), and da = db = dz.
 """
 from ..graph import graph_of
-from .base import Op, kernel, need, out, pow2_at_least, register
+from .base import Op, kernel, need, out, pow2_at_least, register, vector_width
 
 EPS = 1e-5
 
@@ -29,7 +29,8 @@ class AddNorm(Op):
     def _launch(self, step, node, ctx, mode, bufs, **extra):
         D = node.shape[-1]
         rows = ctx.batch * node.size // D
-        consts = dict(mode=mode, D=D, R=rows, eps=repr(EPS), T=1, **extra)
+        consts = dict(mode=mode, D=D, R=rows, eps=repr(EPS), T=1,
+                      VW=vector_width(ctx.target.kind, ctx.dtype), **extra)
         if ctx.target.kind == "gpu" and D > 1:
             # a team of T lanes per row, as many rows per work-group as fit (add_norm.cl.j2)
             L = consts["L"] = ctx.schedule(step, "group", items=rows * D).local[0]
