@@ -51,21 +51,24 @@ class GraphConv(Op):
         for b in ("filter", "state"):
             ks += linear(ctx, f"forward_{b}", rows=R, n_in=W, n_out=F, x=ctx.x(0),
                          weight=ctx.p(f"{b}.weight"), out=z[b], bias=ctx.p(f"{b}.bias"))
-        ks.append(kernel("forward", "graph_conv",
-                         dict(mode="forward", N=R * F, act=symbolic.forward_c("leaky_relu")),
-                         {"zf": z["filter"], "zs": z["state"], "out": out(ctx.y)},
-                         *ctx.schedule("forward").cover(R * F)))
+        ks.append(self._gate(ctx, "forward", "forward", R * F,
+                             {"zf": z["filter"], "zs": z["state"], "out": out(ctx.y)}))
         return ks
+
+    @staticmethod
+    def _gate(ctx, step, mode, n, buffers):
+        s = ctx.schedule(step, vectors=True)
+        act, dact = symbolic.forward_c("leaky_relu"), symbolic.derivative_c("leaky_relu")
+        consts = dict(mode=mode, N=n, V=s.vector, act=act, vact=symbolic.vectorised(act),
+                      dact=dact, vdact=symbolic.vectorised(dact))
+        return kernel(step, "graph_conv", consts, buffers, *s.cover(-(-n // s.vector)))
 
     def backward(self, node, ctx):
         R, W, F = self._dims(node, ctx)
         zf, zs = ctx.scratch("zf", R * F), ctx.scratch("zs", R * F)
         dzs = ctx.scratch("dzs", R * F)
-        ks = [kernel("backward_gate", "graph_conv",
-                     dict(mode="backward", N=R * F, act=symbolic.forward_c("leaky_relu"),
-                          dact=symbolic.derivative_c("leaky_relu")),
-                     {"zf": zf, "zs": zs, "dout": inout(ctx.dy), "dzs": out(dzs)},
-                     *ctx.schedule("backward_gate").cover(R * F))]
+        ks = [self._gate(ctx, "backward_gate", "backward", R * F,
+                         {"zf": zf, "zs": zs, "dout": inout(ctx.dy), "dzs": out(dzs)})]
         dz = {"filter": ctx.dy, "state": dzs}          # dy now holds dzf
         for i, b in enumerate(("filter", "state")):
             # dX (+)= dZ_b·W_b: the second branch adds to the first
