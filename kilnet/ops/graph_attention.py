@@ -128,10 +128,14 @@ class GraphAttention(Op):
         B, U, W, H, DK, HD = self._dims(node, ctx)
         adj = node.attrs["adjacency"]
         words, bits = 0, ""
+        # connected: whether key k is in query q's connected set, as C; vconnected: the same of
+        # the key vector kv as lane masks, where the mask is arithmetic (else None: lane by lane)
+        vconnected = "(ivec)(0)"
         if mode != "forward":          # only the forward kernel reads the mask
             connected = "0"
         elif adj is None:
             connected = "(k - q == 1 || q - k == 1)"
+            vconnected = "((kv - q == 1) | (q - kv == 1))"
         elif not adj["edges"]:
             connected = "0"
         else:
@@ -141,11 +145,13 @@ class GraphAttention(Op):
                 mask[q, key // 32] |= np.uint64(1) << np.uint64(key % 32)
             bits = ", ".join(f"{int(v):#x}u" for v in mask.reshape(-1))
             connected = f"(int)((adj_bits[q * {words} + (k >> 5)] >> (k & 31)) & 1u)"
+            vconnected = None
         item = 8 if ctx.dtype == "double" else 4
         # forward stages Q, K and V; backward V and both sets' dO
         staged = ctx.target.kind == "gpu" and 3 * U * DK * item <= STAGE_BYTES
         return dict(mode=mode, B=B, U=U, H=H, DK=DK, scale=repr(1.0 / math.sqrt(DK)),
-                    words=words, bits=bits, connected=connected, staged=staged,
+                    words=words, bits=bits, connected=connected, vconnected=vconnected,
+                    staged=staged,
                     VW=vector_width(ctx.target.kind, ctx.dtype),
                     ivec="long" if ctx.dtype == "double" else "int")
 
