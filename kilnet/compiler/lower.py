@@ -237,7 +237,8 @@ class Lowering:
                                    self.batch * parts(node.size))
                 self.emit(f"loss.{out_name}", "loss", [elementwise_loss(
                     kind, self.target, batch=self.batch, size=node.size, out=self.value_buffer(node),
-                    target=target, loss=loss, dout=ctx.dx(0), accumulate=ctx.acc(0))])
+                    target=target, loss=loss, dout=ctx.dx(0), accumulate=ctx.acc(0),
+                    dtype=self.dtype)])
             self.loss_parts.append(loss)
             self.targets[out_name] = target
 

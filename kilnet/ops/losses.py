@@ -1,6 +1,6 @@
 """Losses, each a mean over the batch: mse and huber (δ = 1) average over elements too;
 cross_entropy (on a softmax output, per head) lives with softmax, whose logits it needs."""
-from .base import GraphError, kernel, out as written
+from .base import GraphError, kernel, out as written, vector_width
 
 LOSSES = ("mse", "cross_entropy", "huber")
 ELEMENTWISE = ("mse", "huber")   # the others only an op computes (Op.fused_losses)
@@ -19,12 +19,13 @@ def parts(size):
     return -(-size // CHUNK)
 
 
-def elementwise_loss(kind, device, *, batch, size, out, target, loss, dout, accumulate):
+def elementwise_loss(kind, device, *, batch, size, out, target, loss, dout, accumulate,
+                     dtype="float"):
     """Per (sample, chunk) its share of the mean loss, and the gradient of the mean loss with
-    respect to ``out``. ``device``: the compiler's Target."""
+    respect to ``out``. ``device``: the compiler's Target; ``dtype``: the C type."""
     L = 1 if device.kind == "cpu" else device.lanes or GPU_LANES
     consts = dict(kind=kind, B=batch, N=size, CH=CHUNK, P=parts(size), L=L, accumulate=accumulate,
-                  input_grad=dout is not None)
+                  input_grad=dout is not None, VW=vector_width(device.kind, dtype) if L == 1 else 1)
     bufs = {"out": out, "target": target, "loss": written(loss)}
     if dout is not None:
         bufs["dout"] = written(dout, accumulate)
