@@ -78,9 +78,9 @@ SMALL_KC = 64
 # The n-vector block of batched products (many small ones: attention's, B·H of 64×64 or 64×16
 # with k = 16 or 64) whose operands both run along k (B packed): with 6 rows, each k step read 6
 # rows K apart. In-process A/B on W2 b32 (interleaved launches, medians of 30; two runs): Q·Kᵀ
-# 0.86-0.87x the time, dO·Vᵀ 0.84-0.87x; at b1 0.93x. (A·V and dS·K, A along k but B along n, gained 0.84x and 0.95x too, and the
-# two whose A runs along m lost up to 1.17x; telling them apart would add a field to the tuned
-# tables' keys.)
+# 0.86-0.87x the time, dO·Vᵀ 0.84-0.87x; at b1 0.93x. (A·V and dS·K, A along k but B along n,
+# gained 0.84x and 0.95x too, and the two whose A runs along m lost up to 1.17x; telling them
+# apart would add a field to the tuned tables' keys.)
 BATCHED_NVEC = (4, 2)
 
 

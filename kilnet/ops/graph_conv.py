@@ -13,7 +13,8 @@ derivatives of the gate product (no clamping of gradients or weights).
 """
 from ..compiler import symbolic
 from ..graph import graph_of
-from .base import Op, Param, inout, int_attr, kernel, need, out, register
+from .base import Op, Param, inout, int_attr, need, out, register
+from .activation import vector_map
 from .gemm import linear, linear_backward
 
 
@@ -57,11 +58,9 @@ class GraphConv(Op):
 
     @staticmethod
     def _gate(ctx, step, mode, n, buffers):
-        s = ctx.schedule(step, vectors=True)
-        act, dact = symbolic.forward_c("leaky_relu"), symbolic.derivative_c("leaky_relu")
-        consts = dict(mode=mode, N=n, V=s.vector, act=act, vact=symbolic.vectorised(act),
-                      dact=dact, vdact=symbolic.vectorised(dact))
-        return kernel(step, "graph_conv", consts, buffers, *s.cover(-(-n // s.vector)))
+        return vector_map(ctx, step, "graph_conv", n, buffers,
+                          {"act": symbolic.forward_c("leaky_relu"),
+                           "dact": symbolic.derivative_c("leaky_relu")}, mode=mode)
 
     def backward(self, node, ctx):
         R, W, F = self._dims(node, ctx)
