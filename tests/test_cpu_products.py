@@ -221,3 +221,21 @@ def test_vector_epilogue_matches_numpy(implementation, act, dtype):
     tol = 1e-4 if dtype == "float32" else 1e-11
     for k, ref in want.items():
         np.testing.assert_allclose(got[k], ref, rtol=tol, atol=tol * np.abs(ref).max(), err_msg=k)
+
+
+def test_a_product_whose_a_runs_along_m_takes_shorter_k_chunks(monkeypatch, tmp_path):
+    t = Target("cpu", implementation="intel", compute_units=2)
+    shape = dict(M=256, N=64, K=2048, batch=1, kvec=False)
+    assert t.schedule("gemm_vec", "p", "float", **shape).depth == schedule.KC
+    assert t.schedule("gemm_vec", "p", "float", a_along_m=True, **shape).depth == \
+        schedule.A_ALONG_M_KC < schedule.KC
+    # the op says which: a dense layer's weight gradient (dzᵀ·x) reads dz along m
+    monkeypatch.setenv("KILNET_TARGET", "cpu")
+    monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
+    monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
+    g = kn.Graph("along_m")
+    g.output("y", kn.dense(g.input("x", (64,)), 256))
+    m = kn.compile(g, batch=2048, loss="mse", input_grads=True)
+    src = {k.name: m.plan.sources[k.kernel] for k in m.kernels}
+    assert f"kc += {schedule.A_ALONG_M_KC}) {{" in src["dense_1.backward_weight"]
+    assert f"kc += {schedule.KC}) {{" in src["dense_1.backward_input"]

@@ -141,7 +141,9 @@ def _vector_gemm(ctx, step, consts, buffers, batch):
     M, N, K = consts["M"], consts["N"], consts["K"]
     kvec = consts["a_kfast"] and not consts["b_nfast"] and not consts["a_pred"]
     assert kvec or consts["b_nfast"], "n-vector form needs B contiguous in n"
-    s = ctx.schedule(step, "gemm_vec", M=M, N=N, K=K, batch=batch, kvec=kvec)
+    # a_along_m only where it holds, so that the other launches' table keys stay as they were
+    along_m = {"a_along_m": True} if not consts["a_kfast"] else {}
+    s = ctx.schedule(step, "gemm_vec", M=M, N=N, K=K, batch=batch, kvec=kvec, **along_m)
     (RM, RN), vec = s.block, s.vector
     if kvec_form(dict(kvec=kvec), s):
         consts.update(form="kvec", V=vec, RM=RM, RN=RN, MC=s.rows)
