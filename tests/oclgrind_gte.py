@@ -30,6 +30,12 @@ def run():
     exercise(kn.compile(build(), batch=B, optimizer=kn.Adam(lr=1e-2), loss="mse",
                         input_grads=True, debug_buffers=True, poison=True), feeds, targets)
     exercise(kn.compile(build(), batch=1, debug_buffers=True, poison=True), {"x": feeds["x"][:1]})
+    # 45 units: the CPU form's dS per head takes keys in a block of 4 vectors, then 1, then 5 alone
+    g = kn.Graph("oclgrind_heads")
+    g.output("y", kn.graph_attention(g.input("x", (45, 2)), 1, 2))
+    exercise(kn.compile(g, batch=1, optimizer=kn.SGD(lr=1e-2), loss="mse", debug_buffers=True,
+                        poison=True), {"x": rng.standard_normal((1, 45, 2))},
+             {"y": rng.standard_normal((1, 45, 2))})
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ def user_adjacency(U, rng):
 CONFIGS = [  # U, W, heads, key_dim, adjacency, form of the gradient check
     (1, 3, 1, 2, None, "cpu"), (7, 3, 3, 2, "user", "gpu"), (7, 4, 1, 3, None, "cpu"),
     (65, 2, 3, 2, "user", "gpu"),
+    (37, 3, 2, 3, "user", "cpu"),    # CPU dS per head: keys in blocks of 4 vectors, 1, then one
     (70, 2, 1, 20, None, "gpu")]     # a head too large to stage (3·70·20·8 B): the rows form
 
 

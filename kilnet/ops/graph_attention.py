@@ -17,7 +17,7 @@ puts key k in query q's connected set; it need not be symmetric); default the ch
 which must fit OpenCL's minimum constant memory (64 KiB: a user adjacency of at most 712 units;
 the default chain has no such limit). Memory: the probabilities take 2·batch·heads·U² reals of
 scratch (plus batch·heads·U² for dS in training plans, and 2·batch·heads·U² for dA where the
-rows form runs).
+rows form runs its backward).
 
 Kernels: three GEMMs for the projections, then per (sample, head, query) row both masked
 softmaxes (the probabilities are kept in scratch for backward), then one GEMM for ``out``. On
@@ -25,8 +25,10 @@ GPUs, where a head's Q, K and V fit local memory, one kernel does the rows' scor
 outputs (a work-group per sample and head, a team of lanes per row); elsewhere (CPUs, large
 heads) S = Q·Kᵀ and O_set = A_set·V are batched GEMMs around a row kernel for the softmaxes.
 Backward: out's GEMMs; dS (each set's softmax Jacobian: dS_qk = Σ_set A_qk(dA_qk −
-Σ_j A_qj·dA_qj)/√dk, so the diagonal gets both sets' terms), in one staged kernel on GPUs, else a
-row kernel after the GEMM dA_set = dO_set·Vᵀ; GEMMs batched over
+Σ_j A_qj·dA_qj)/√dk, so the diagonal gets both sets' terms), in one staged kernel on GPUs; on
+CPUs in one kernel per (sample, head) that forms dA along the keys from V transposed in private
+memory and never stores it (Σ_j A_qj·dA_qj = dO_q·O_q); else (larger heads) a row kernel after
+the GEMM dA_set = dO_set·Vᵀ; GEMMs batched over
 (sample, head) for dQ = dS·K, dK = dSᵀ·Q and dV = Σ_set A_setᵀ·dO_set; then the projections'
 weight and bias gradients, and dx as the sum of the three input products.
 
@@ -45,6 +47,7 @@ import math
 
 import numpy as np
 
+from ..compiler.schedule import cpu_products
 from ..graph import graph_of
 from .base import (Op, Param, inout, int_attr, kernel, need, out, pow2_at_least, register,
                    vector_width)
@@ -52,6 +55,11 @@ from .gemm import gemm, linear, linear_backward
 from .index import b, k, m, n
 
 STAGE_BYTES = 16384        # a head's blocks staged in local memory up to this size (GPUs)
+# A head's V transposed in private memory up to HEAD_BYTES (CPUs): dS without dA in memory. W2 at
+# batch 32 had spent 0.6 ms writing dA (4 MB, the product dO·Vᵀ at K = 16) and 0.25 ms reading it
+# back with P; the one kernel takes 0.32-0.34 ms, and the train step 0.956-0.959x the time at
+# batch 32, 0.968x at batch 1 (in-process A/B, medians of 20; 2-core EPYC, Intel's runtime).
+HEAD_BYTES = 16384
 MAX_MASK_WORDS = 16384     # a user adjacency is a __constant bit mask: at most 64 KiB
 
 
@@ -153,6 +161,7 @@ class GraphAttention(Op):
                     words=words, bits=bits, connected=connected, vconnected=vconnected,
                     staged=staged,
                     VW=vector_width(ctx.target.kind, ctx.dtype),
+                    fma=ctx.target.kind == "cpu" and cpu_products(ctx.target).fma,
                     ivec="long" if ctx.dtype == "double" else "int")
 
     def _attention(self, node, ctx, step, mode, buffers):
@@ -164,7 +173,8 @@ class GraphAttention(Op):
             L = consts["L"] = ctx.schedule(step, "group", items=U * U).local[0]
             consts["T"] = max(1, L // pow2_at_least(U, L))
             return kernel(step, "graph_attention", consts, buffers, (B * H * L,), (L,))
-        return kernel(step, "graph_attention", consts, buffers, *ctx.schedule(step).cover(B * H * U))
+        items = B * H if mode == "backward_heads" else B * H * U
+        return kernel(step, "graph_attention", consts, buffers, *ctx.schedule(step).cover(items))
 
     def _buffers(self, node, ctx):
         B, U, W, H, DK, HD = self._dims(node, ctx)
@@ -225,6 +235,10 @@ class GraphAttention(Op):
         if self._consts(node, ctx, "backward_scores")["staged"]:
             ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
                                       {"V": s["v"], "P": s["p"], "dO": do, "dS": out(ds)}))
+        elif ctx.target.kind == "cpu" and U * DK * (8 if ctx.dtype == "double" else 4) <= HEAD_BYTES:
+            ks.append(self._attention(node, ctx, "backward_scores", "backward_heads",
+                                      {"V": s["v"], "O": s["o"], "P": s["p"], "dO": do,
+                                       "dS": out(ds)}))
         else:
             # dA_set = dO_set·Vᵀ per (set, sample, head) = z, then the rows' dS.
             qkv, o = self._rows_of(B, U, H, DK, 2)
