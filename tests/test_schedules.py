@@ -8,6 +8,7 @@ import pytest
 import kilnet as kn
 from kilnet.compiler import schedule
 from kilnet.compiler.target import Target
+from kilnet.runtime.device import select
 
 
 def build():
@@ -136,3 +137,20 @@ def test_shape_key_wins_over_launch_name_over_family(monkeypatch, tmp_path):
     assert local(m7, "dense_1.forward") == (4, 1, 1)
     assert local(m1, "dense_1.forward") == (2, 1, 1)
     assert local(m7, "dense_2.forward") == local(m1, "dense_2.forward") == (8, 1, 1)
+
+
+def test_a_map_of_heavy_items_takes_groups_that_reach_every_unit(monkeypatch, tmp_path):
+    t = Target("cpu", implementation="intel", compute_units=2)
+    assert t.schedule("map", "x", "float").local == (schedule.LANES,)
+    assert [t.schedule("map", "x", "float", items=n).local[0] for n in (1, 4, 7, 128, 10 ** 5)] \
+        == [1, 2, 2, 64, schedule.LANES]
+    # graph_attention's dS per (sample, head) on CPUs: 2 heads of 1 sample reach both units
+    monkeypatch.setenv("KILNET_TARGET", "cpu")
+    monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
+    g = kn.Graph("heads")
+    g.output("y", kn.graph_attention(g.input("x", (9, 4)), 2, 3, name="att"))
+    m = kn.compile(g, batch=1, loss="mse")
+    la = next(k for k in m.kernels if k.name == "att.backward_scores")
+    assert la.global_size[0] == 2
+    if select(None).max_compute_units >= 2:
+        assert la.local_size[0] == 1

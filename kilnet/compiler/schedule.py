@@ -38,6 +38,12 @@ SLICE_ROWS = 256
 # it updates the weight, rather than stored by a product and read back (compiler/lower.py,
 # Lowering.choose_outer).
 OUTER_UPDATE_ROWS = 4
+# A map launch whose items are each much work (graph_attention's dS per sample and head on CPUs)
+# takes groups small enough for HEAVY_GROUPS per compute unit: W2's 4 heads at batch 1 ran on one
+# core of two in a group of 64 (0.022-0.025 ms), in groups of 1 or 2 in 0.015-0.018 ms. At batch
+# 32 (128 heads) groups of 64 and of 16 ran level (in-process A/B, 0.94-1.0x), so one group per
+# unit is enough.
+HEAVY_GROUPS = 1
 
 
 # Each CPU gemm work-item passes up to PANEL_ROWS rows over its columns (gemm_vec.cl.j2), and
@@ -262,8 +268,13 @@ def gemm_schedule(target, shape, dtype):
 def policy(target, kind, dtype="float", **shape):
     """The default schedule of a launch of family ``kind`` (see ``TUNABLE``) on ``target``."""
     V = vector_width(target.kind, dtype)
-    if kind == "map":            # one work-item per element, row or vector; shape: dims, vectors
-        return Schedule(local=(target.lanes or LANES,) + (1,) * (shape.get("dims", 1) - 1),
+    if kind == "map":            # one work-item per element, row or vector; shape: dims, vectors,
+        #                          items (where each item is much work: see HEAVY_GROUPS)
+        L = target.lanes or LANES
+        if shape.get("items") and not target.lanes:
+            per_group = max(1, shape["items"] // (HEAVY_GROUPS * target.compute_units))
+            L = min(L, 1 << (per_group.bit_length() - 1))      # a power of two
+        return Schedule(local=(L,) + (1,) * (shape.get("dims", 1) - 1),
                         vector=V if shape.get("vectors") else None)
     if kind == "vector_map":     # one work-item per vector of V elements
         if target.lanes and target.kind == "gpu":

@@ -173,8 +173,10 @@ class GraphAttention(Op):
             L = consts["L"] = ctx.schedule(step, "group", items=U * U).local[0]
             consts["T"] = max(1, L // pow2_at_least(U, L))
             return kernel(step, "graph_attention", consts, buffers, (B * H * L,), (L,))
-        items = B * H if mode == "backward_heads" else B * H * U
-        return kernel(step, "graph_attention", consts, buffers, *ctx.schedule(step).cover(items))
+        if mode == "backward_heads":          # a work-item per (sample, head): U rows of work
+            return kernel(step, "graph_attention", consts, buffers,
+                          *ctx.schedule(step, items=B * H).cover(B * H))
+        return kernel(step, "graph_attention", consts, buffers, *ctx.schedule(step).cover(B * H * U))
 
     def _buffers(self, node, ctx):
         B, U, W, H, DK, HD = self._dims(node, ctx)
