@@ -11,6 +11,7 @@ import pytest
 import kilnet as kn
 from kilnet.compiler import schedule
 from kilnet.compiler.target import Target
+from kilnet.runtime.device import select
 
 CPU_IMPLEMENTATIONS = sorted({d["implementation"] for d in kn.devices(check=True)
                               if "CPU" in d["type"] and d["builds"] is None})
@@ -67,6 +68,13 @@ def test_groups_shrink_to_the_launch(monkeypatch):
     assert gemm_vec("intel", 13, 16, False).local == (1, 1, 1)
     assert gemm_vec("pocl", 13, 37, False).local == (4, 1, 1)
     assert gemm_vec("intel", 13, 7, True).local == (2, 1, 1)      # 2 work-items of 4 columns
+
+
+
+def test_every_unit_gets_a_group():
+    # W2's 64×64 by 256 product at batch 1: 16 work-items of 4 columns had been one group of 16
+    assert gemm_vec("intel", 64, 64, True, K=256).local == (8, 1, 1)
+    assert gemm_vec("intel", 64, 64, True, K=256, batch=2).local == (16, 1, 1)
 
 
 def test_a_short_k_packs_b_and_takes_the_n_vector_form():
@@ -172,7 +180,12 @@ def test_dense_products_match_numpy(implementation, dtype, batch, n_in, n_out):
     want = 1
     while want < min(gx, cpu.nvec_local[0]):
         want *= 2
-    assert sizes["dense_1.backward_input"] == (want, 1, 1)      # the implementation's group
+    # the implementation's group, halved until every compute unit gets one
+    launch = next(k for k in m.kernels if k.name == "dense_1.backward_input")
+    units = select(None).max_compute_units
+    while want > 1 and -(-launch.global_size[0] // want) * launch.global_size[1] < units:
+        want //= 2
+    assert sizes["dense_1.backward_input"] == (want, 1, 1)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((batch, n_in))
     t = rng.standard_normal((batch, n_out))
