@@ -3,13 +3,15 @@
     python benchmarks/gemm_shapes.py --device nvidia                 # the policy's schedules
     python benchmarks/gemm_shapes.py --device nvidia --sweep         # and schedule variants
     python benchmarks/gemm_shapes.py --only W1-dense1 --sweep --budget 60
+    python benchmarks/gemm_shapes.py --only W1-b64-dense0,W1-b64-dense1,W2-b32-conv1   # a CPU
 
 Each shape is one dense layer without bias (rows × n_in -> n_out) whose three products are timed:
 ``forward`` (y = x·Wᵀ, M = rows, N = n_out, K = n_in), ``backward_input`` (dx = dy·W, N = n_in,
 K = n_out) and ``backward_weight`` (dW = dyᵀ·x, M = n_out, N = n_in, K = rows), each with its
 k-split's column sum when it has one. A product's time is the wall time of ``--reps`` launches
 enqueued back to back and waited for once, divided by reps (the median of 5 such runs); PyTorch's
-is the same over torch.matmul on the same operand layouts, with CUDA events and TF32 off. Every
+is the same over torch.matmul on the same operand layouts, with CUDA events and TF32 off (on a
+CPU device, PyTorch's CPU matmul on all cores, timed by the wall clock). Every
 kilnet result is checked against float64 numpy on a sample of rows (``err`` = largest
 difference over the largest reference value). ``--sweep`` also times schedule variants (tiles,
 depth, split: compiler/schedule.py's override table) and marks the fastest.
@@ -31,6 +33,10 @@ SHAPES = {   # name: (rows, n_in, n_out)
     "W1-dense0": (1024, 1088, 1000),      # W1 at batch 1024: the first dense (34·32 inputs)
     "W1-dense1": (1024, 1000, 1000),      # dense1 and dense2
     "W1-head": (1024, 1000, 45),
+    # the CPU table's rows (benchmarks/vs_pytorch.py): W1 at batch 64, W2's first conv at batch 32
+    "W1-b64-dense0": (64, 1088, 1000),
+    "W1-b64-dense1": (64, 1000, 1000),
+    "W2-b32-conv1": (32 * 64, 64, 256),   # a window-1 conv: one dense over batch × units rows
 }
 PRODUCTS = ("forward", "backward_input", "backward_weight")
 SWEEP = {    # variants per shape (the policy's choice is always timed first)
@@ -100,25 +106,31 @@ def kilnet_times(model, reps):
         launches = [x for x in model.plan.launches if x.name in (f"mm.{p}", f"mm.{p}_reduce")]
         src = model.plan.sources[launches[0].kernel]
         form = "large" if "__local real4 As[2]" in src else "general" \
-            if "__local real As[" in src else "gemv"
+            if "__local real As[" in src else "cpu" if "typedef real" in src else "gemv"
         what = f"{form} global={launches[0].global_size} local={launches[0].local_size}"
         out[p] = (time_launches(model, launches, reps), what)
     return out
 
 
-def torch_times(torch, shape, reps):
+def torch_times(torch, shape, reps, dev):
     rows, n_in, n_out = shape
-    x = torch.randn(rows, n_in, device="cuda")
-    W = torch.randn(n_out, n_in, device="cuda")
-    dy = torch.randn(rows, n_out, device="cuda")
+    x = torch.randn(rows, n_in, device=dev)
+    W = torch.randn(n_out, n_in, device=dev)
+    dy = torch.randn(rows, n_out, device=dev)
     fns = {"forward": lambda: torch.matmul(x, W.T), "backward_input": lambda: torch.matmul(dy, W),
            "backward_weight": lambda: torch.matmul(dy.T, x)}
     out = {}
     for p, f in fns.items():
         f()
-        torch.cuda.synchronize()
         ts = []
         for _ in range(5):
+            if dev == "cpu":
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    f()
+                ts.append((time.perf_counter() - t0) / reps)
+                continue
+            torch.cuda.synchronize()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             for _ in range(reps):
@@ -162,13 +174,18 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--ptxas", action="store_true", help="print NVIDIA's register report")
     a = ap.parse_args(argv)
-    torch = None
+    from kilnet.runtime.device import select
+    import pyopencl as cl
+    cpu = select(a.device).type & cl.device_type.CPU
+    torch, tdev = None, "cpu" if cpu else "cuda"
     if not a.no_torch:
         try:
             import torch
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.set_float32_matmul_precision("highest")
-            if not torch.cuda.is_available():
+            if cpu:
+                torch.set_num_threads(os.cpu_count())
+            elif not torch.cuda.is_available():
                 torch = None
         except ImportError:
             torch = None
@@ -179,8 +196,8 @@ def main(argv=None):
           f"{'torch ms':>8} {'torch TF':>8} {'ratio':>6} {'err':>8}  kernel", flush=True)
     for name in a.only.split(","):
         shape = SHAPES[name]
-        reps = a.reps or max(3, int(20e-3 / (flops(shape) / 30e12)))
-        ref = torch_times(torch, shape, reps) if torch is not None else {}
+        reps = a.reps or max(3, int(20e-3 / (flops(shape) / (0.2e12 if cpu else 30e12))))
+        ref = torch_times(torch, shape, reps, tdev) if torch is not None else {}
         variants = [None] + (SWEEP.get(name, []) if a.sweep else [])
         best = {}
         for v in variants:
