@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+from kilnet.compiler import symbolic
 import reference as ref
 
 H = 1e-6          # finite-difference step
@@ -140,6 +141,38 @@ def test_dense_activation(kind):
     g.output("y", kn.dense(x, 5, activation=kind))
     check_gradients(g, {"y": "mse"}, 3, lambda P, f: {
         "y": ref.dense(f["x"], P["dense_1.weight"], P["dense_1.bias"], kind)}, feed_scale=1.5)
+
+
+@pytest.mark.parametrize("kind", sorted(symbolic.OUTPUT_DERIVATIVES))
+def test_derivative_from_the_output_matches_sympy(kind):
+    """act'(x) written in y = act(x) (compiler/symbolic.OUTPUT_DERIVATIVES) is sympy's act'(x),
+    at points on both sides of 0 and at 0."""
+    import sympy as sp
+    act, d = symbolic.ACTIVATIONS[kind], sp.diff(symbolic.ACTIVATIONS[kind], symbolic.x)
+    for v in (-3.5, -0.25, 0, 0.25, 3.5):
+        out = act.subs(symbolic.x, v)
+        if kind == "sigmoid":
+            out = 1 / (1 + sp.exp(-v))
+        got = symbolic.OUTPUT_DERIVATIVES[kind].subs(symbolic.y, out)
+        want = d.subs(symbolic.x, v).replace(symbolic.Sigmoid, lambda a: 1 / (1 + sp.exp(-a)))
+        assert abs(float(got) - float(want)) < 1e-12, (kind, v, got, want)
+
+
+@pytest.mark.parametrize("kind", ["tanh", "sigmoid", "relu", "leaky_relu", "gelu"])
+def test_a_layers_derivative_comes_from_its_output_where_it_can(kind):
+    """dense(act) -> dense: the second layer's input-gradient product applies act' of the first
+    as it stores dx, read off the first layer's output (no pre-activation kept) for the
+    activations that allow it, and off the kept pre-activation for the others (gelu)."""
+    from kilnet.compiler import names
+    g, (x,) = graph([("x", (6,))])
+    g.output("y", kn.dense(kn.dense(x, 9, activation=kind), 4))
+    check_gradients(g, {"y": "mse"}, 3, lambda P, f: {"y": ref.dense(
+        ref.dense(f["x"], P["dense_1.weight"], P["dense_1.bias"], kind),
+        P["dense_2.weight"], P["dense_2.bias"], None)}, feed_scale=1.5)
+    m = kn.compile(g, batch=3, loss="mse", optimizer=kn.SGD(lr=0.1))
+    kept = names.scratch("dense_1", "z") in m.plan.buffers
+    assert kept == (kind not in symbolic.OUTPUT_DERIVATIVES)
+    assert "dense_1.backward_activation" not in {la.name for la in m.kernels}   # fused
 
 
 @pytest.mark.parametrize("in_shape,units,batch,activation,bias,loss,input_grads", [

@@ -1,14 +1,15 @@
 """The activation-derivative fusion, as a pass over the graph that records its decisions in
 ``node.meta``.
 
-A layer that keeps its pre-activation z (``Op.preactivation``) turns its output gradient dy into
-dz = dy·act'(z) with a launch of its own. When that gradient has exactly one writer, and the
+A layer with an activation (``Op.preactivation``) turns its output gradient dy into dz = dy·act'
+(of its kept pre-activation z, or of its output) with a launch of its own. When that gradient has exactly one writer, and the
 writer is a consumer whose input-gradient product can scale what it stores
 (``Op.applies_input_derivative``), the product applies act'(z) instead and the launch is skipped.
 The pass records, for a training plan:
 
-- ``meta["dx_scale"]`` on the consumer: {input index: (activation, scratch key of z)} for the
-  inputs whose gradient it stores already scaled (``Context.dx_scale``);
+- ``meta["dx_scale"]`` on the consumer: {input index: the producer's ``Op.preactivation``
+  (derivative kind, scratch key of z, or None where act' is read off the producer's output)}
+  for the inputs whose gradient it stores already scaled (``Context.dx_scale``);
 - ``meta["dy_prescaled"]`` on the producer (the root of a view chain): whether its output
   gradient arrives already scaled (``Context.dy_prescaled``).
 """

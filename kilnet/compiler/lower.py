@@ -70,17 +70,30 @@ class Context:
         return self._acc.get(i, False)
 
     def preactivation(self):
-        """This node's pre-activation scratch (``Op.preactivation``), or None."""
+        """The pre-activation scratch this node's training forward keeps (``Op.preactivation``),
+        or None (no activation, or act' read off the output)."""
         pre = get_op(self.node.op).preactivation(self.node)
-        return self.scratch(pre[1], self.batch * self.node.size) if pre else None
+        return self.scratch(pre[1], self.batch * self.node.size) if pre and pre[1] else None
+
+    def derivative_source(self):
+        """(derivative kind, buffer) from which backward scales this node's dy into dz: the kept
+        pre-activation, or the node's output for a kind "<act>@y"; ("none", None) without an
+        activation."""
+        pre = get_op(self.node.op).preactivation(self.node)
+        if pre is None:
+            return "none", None
+        return pre[0], self.preactivation() if pre[1] else self.y
 
     def dx_scale(self, i):
-        """(activation, pre-activation buffer) when the fusion pass decided that the product
-        storing input i's gradient applies act' of the input's producer (its only writer), which
-        then skips its own scaling launch. None otherwise."""
+        """(derivative kind, buffer) when the fusion pass decided that the product storing
+        input i's gradient applies act' of the input's producer (its only writer), which then
+        skips its own scaling launch: the producer's kept pre-activation, or its output (this
+        node's input) for a kind "<act>@y". None otherwise."""
         pre = self.node.meta["dx_scale"].get(i)
         if pre is None or self.dx(i) is None:
             return None
+        if pre[1] is None:
+            return pre[0], self.x(i)
         z = names.scratch(root(self.node.inputs[i]).name, pre[1])
         if z not in self._l.buffers or self.acc(i):
             raise AssertionError(f"{self.node.name}: input {i}'s producer declares a pre-activation "

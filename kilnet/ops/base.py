@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..compiler import symbolic
 from ..errors import GraphError, ShapeError
 from ..graph import OPS as _REGISTRY, get_op, op_kinds  # noqa: F401  (ops.get_op, ops.op_kinds)
 
@@ -165,9 +166,11 @@ class Op:
     fused_losses = ()          # loss kinds this op computes itself from its input (``loss``)
 
     def preactivation(self, node):
-        """(activation, scratch key) when the training forward keeps the pre-activation z in
-        ``ctx.preactivation()`` and backward turns dy into dz with ``scale_by_derivative``
-        (which it skips when ``ctx.dy_prescaled``); None when the op keeps none."""
+        """(derivative kind, scratch key) when backward turns dy into dz with
+        ``scale_by_derivative(ctx, *ctx.derivative_source(), n)`` (which it skips when
+        ``ctx.dy_prescaled``): the training forward keeps the pre-activation z in
+        ``ctx.preactivation()``, or with key None keeps nothing and act' is read off the
+        node's output (kind "<act>@y", ``symbolic.of_output``). None when there is no act'."""
         return None
 
     def loss(self, node, ctx, kind, target, loss):
@@ -208,11 +211,17 @@ class Op:
         return {}
 
 
-def keeps_preactivation(node):
+def keeps_preactivation(node, of_output=False):
     """``Op.preactivation`` of a layer whose ``activation`` attribute is applied to a product
-    it computes: it keeps z = the product in scratch "z" when there is an activation."""
+    it computes: it keeps z = the product in scratch "z" when there is an activation. With
+    ``of_output``, for an op whose backward scales dy with ``ctx.derivative_source()``, act' is
+    read off the layer's output where it can be (``symbolic.of_output``: the key is then None)
+    and no z is kept."""
     act = node.attrs["activation"]
-    return None if act == "none" else (act, "z")
+    if act == "none":
+        return None
+    kind = symbolic.of_output(act) if of_output else act
+    return (kind, None) if kind != act else (act, "z")
 
 
 def need(cond, node, message, exc=ShapeError):

@@ -60,7 +60,7 @@ class Conv1d(Op):
         return U, C, Uo, F, node.attrs["window"], node.attrs["step"], node.attrs["activation"]
 
     def preactivation(self, node):
-        return keeps_preactivation(node)
+        return keeps_preactivation(node, of_output=True)
 
     def forward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
@@ -77,7 +77,7 @@ class Conv1d(Op):
     def backward(self, node, ctx):
         U, C, Uo, F, W, S, act = self._dims(node)
         B = ctx.batch
-        ks = scale_by_derivative(ctx, act, ctx.preactivation(), B * Uo * F)   # dY becomes dZ
+        ks = scale_by_derivative(ctx, *ctx.derivative_source(), B * Uo * F)   # dY becomes dZ
         if ctx.dx(0) and W == 1 and S == 1:
             # dX = dZ·W over all B·U rows at once (every tap in range: no predicate).
             ks += gemm(ctx, "backward_input", M=B * U, N=C, K=F, a=ctx.dy, w=ctx.p("weight"),

@@ -33,7 +33,7 @@ class Dense(Op):
         return ps
 
     def preactivation(self, node):
-        return keeps_preactivation(node)
+        return keeps_preactivation(node, of_output=True)
 
     def forward(self, node, ctx):
         U, I, act = node.attrs["units"], node.inputs[0].size, node.attrs["activation"]
@@ -48,8 +48,8 @@ class Dense(Op):
         return {"weight": OuterGradient(ctx.dy, ctx.x(0), ctx.batch)}
 
     def backward(self, node, ctx):
-        U, I, act, B = node.attrs["units"], node.inputs[0].size, node.attrs["activation"], ctx.batch
-        ks = scale_by_derivative(ctx, act, ctx.preactivation(), B * U)   # dY becomes dZ
+        U, I, B = node.attrs["units"], node.inputs[0].size, ctx.batch
+        ks = scale_by_derivative(ctx, *ctx.derivative_source(), B * U)   # dY becomes dZ
         return ks + linear_backward(ctx, rows=B, n_in=I, n_out=U, dz=ctx.dy, x=ctx.x(0),
                                     weight=ctx.p("weight"), dweight=ctx.dp("weight"),
                                     dbias=ctx.dp("bias") if node.attrs["bias"] else None,

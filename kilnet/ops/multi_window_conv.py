@@ -113,7 +113,7 @@ class MultiWindowConv(Op):
         return bufs
 
     def preactivation(self, node):
-        return keeps_preactivation(node)
+        return keeps_preactivation(node, of_output=True)
 
     def _packed(self, node, ctx, c):
         """CPU form: the weights k-major and the biases side by side, written by each forward."""
@@ -147,8 +147,7 @@ class MultiWindowConv(Op):
         return kernel(step, f"mwconv_{step}", c, bufs, *s.cover(c["NC"], c["R"]))
 
     def backward(self, node, ctx):
-        act = node.attrs["activation"]
-        ks = scale_by_derivative(ctx, act, ctx.preactivation(), ctx.batch * node.size)  # dy -> dz
+        ks = scale_by_derivative(ctx, *ctx.derivative_source(), ctx.batch * node.size)  # dy -> dz
         if ctx.dx(0):
             c = self._consts(node, ctx, "backward_input")
             c.update(accumulate=ctx.acc(0))
