@@ -108,7 +108,7 @@ def vectorised(expr):
 # number: a layer with one of these keeps no pre-activation, and its backward reads its own output
 # instead (no z written in forward, no transcendental recomputed in backward: W1's tanh'(z) in
 # its input-gradient products had cost 0.12-0.19 ms of a ~0.85 ms product at batch 64).
-# tests/test_activations.py checks each against sympy.diff.
+# tests/test_gradients.py checks each against sympy.diff.
 y = sp.Symbol("y", real=True)
 OUTPUT_DERIVATIVES = {
     "tanh": 1 - y ** 2,

@@ -220,8 +220,9 @@ def keeps_preactivation(node, of_output=False):
     act = node.attrs["activation"]
     if act == "none":
         return None
-    kind = symbolic.of_output(act) if of_output else act
-    return (kind, None) if kind != act else (act, "z")
+    if of_output and act in symbolic.OUTPUT_DERIVATIVES:
+        return symbolic.of_output(act), None
+    return act, "z"
 
 
 def need(cond, node, message, exc=ShapeError):
