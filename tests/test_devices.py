@@ -15,6 +15,7 @@ import pytest
 import kilnet as kn
 from kilnet.runtime import device as devmod
 from kilnet.runtime import icd
+from devices_here import CPU_IMPLEMENTATIONS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BROKEN = "__kernel void probe(__global float *x) { this is not OpenCL C; }"
@@ -132,7 +133,7 @@ def test_a_named_device_that_cannot_build_is_refused_with_its_error(fresh, monke
     assert "fix:" in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["intel", "pocl"])
+@pytest.mark.parametrize("name", CPU_IMPLEMENTATIONS)
 def test_kilnet_device_names_an_implementation(fresh, monkeypatch, name):
     monkeypatch.setenv("KILNET_DEVICE", name)
     g = kn.Graph("g")

@@ -15,11 +15,16 @@ import pytest
 import kilnet as kn
 from kilnet import export, mql5
 from kilnet.compiler import names
+from kilnet.runtime import icd
+from devices_here import CPU_IMPLEMENTATIONS
 from test_cli import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 RUNNER = os.path.join(ROOT, "runner", "kilnet_run.c")
+# Python and the runner share one device: PoCL where it builds kernels (it came with pyopencl's
+# wheel), else Intel's CPU runtime (PoCL 3.0 cannot build on CPUs newer than its LLVM).
+DEVICE = "pocl" if "pocl" in CPU_IMPLEMENTATIONS else CPU_IMPLEMENTATIONS[0]
 
 # Small settings of each example's build_model() (every example defines one).
 SMALL = {
@@ -53,9 +58,9 @@ def load_example(name):
 
 
 @pytest.fixture(autouse=True)
-def on_pocl(monkeypatch):
-    """Python and the runner on the same device: PoCL."""
-    monkeypatch.setenv("KILNET_DEVICE", "pocl")
+def on_device(monkeypatch):
+    """Python and the runner on the same device (DEVICE)."""
+    monkeypatch.setenv("KILNET_DEVICE", DEVICE)
     monkeypatch.delenv("KILNET_TARGET", raising=False)
 
 
@@ -73,17 +78,23 @@ def runner(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run_env(tmp_path_factory):
-    """The environment for the runner: the system ICD loader pointed at PoCL alone (the one that
-    came with pyopencl's wheel; it names its library without a path)."""
+    """The environment for the runner: the system ICD loader pointed at DEVICE alone. PoCL's .icd
+    beside pyopencl's wheel names its library without a path; Intel's library from PyPI finds its
+    runtime libraries beside itself."""
     import pyopencl
     env = {k: v for k, v in os.environ.items() if k != "KILNET_RUN_DEVICE"}
-    libs = os.path.join(os.path.dirname(pyopencl.__file__), ".libs")
-    icd = os.path.join(libs, "pocl.icd")
-    if os.path.isfile(icd):
-        with open(icd) as f:
-            lib = f.read().strip()
+    lib = None
+    if DEVICE == "pocl":
+        libs = os.path.join(os.path.dirname(pyopencl.__file__), ".libs")
+        named = os.path.join(libs, "pocl.icd")
+        if os.path.isfile(named):
+            with open(named) as f:
+                lib = os.path.join(libs, f.read().strip())
+    elif DEVICE == "intel":
+        lib = icd.intel_library()
+    if lib is not None:
         vendors = tmp_path_factory.mktemp("icd")
-        (vendors / "pocl.icd").write_text(os.path.join(libs, lib) + "\n")
+        (vendors / f"{DEVICE}.icd").write_text(lib + "\n")
         env["OCL_ICD_VENDORS"] = str(vendors)
     return env
 
@@ -280,7 +291,7 @@ def test_clashing_renders_are_renamed_when_concatenated():
     assert text.count("typedef real4 vec;") == 1 and "#undef SCALE" in text
     import pyopencl as cl
     from kilnet.runtime.device import select
-    ctx = cl.Context([select("pocl")])
+    ctx = cl.Context([select(DEVICE)])
     cl.Program(ctx, text).build()
 
 
@@ -288,7 +299,7 @@ def test_clashing_renders_are_renamed_when_concatenated():
 @pytest.fixture(scope="module")
 def tiny_bundle(tmp_path_factory):
     model = kn.compile(tiny_graph(), batch=3, optimizer=kn.Adam(), loss="cross_entropy",
-                       device="pocl")
+                       device=DEVICE)
     path = model.export(tmp_path_factory.mktemp("tiny") / "bundle", train=True)
     doc = export.read(path)
     folder = tmp_path_factory.mktemp("tinydata")
@@ -401,7 +412,7 @@ def test_python_reader_refuses_a_damaged_bundle(damage, message, tiny_bundle, tm
 @pytest.fixture(scope="module")
 def tiny_model():
     return kn.compile(tiny_graph(), batch=2, optimizer=kn.Adam(), loss="cross_entropy",
-                      device="pocl")
+                      device=DEVICE)
 
 
 def test_bad_arguments_name_themselves(tiny_model, tmp_path):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+from devices_here import CPU_IMPLEMENTATIONS
 
 CASES = {
     # batch 300 with 3 outputs: the weight gradient's k is split across work-groups
@@ -46,8 +47,6 @@ def forms(model):
             out[launch.name] = "general"
     return out
 
-CPU_IMPLEMENTATIONS = sorted({d["implementation"] for d in kn.devices(check=True)
-                              if "CPU" in d["type"] and d["builds"] is None})
 
 
 @pytest.fixture(autouse=True, params=CPU_IMPLEMENTATIONS)
