@@ -33,12 +33,12 @@ import vs_pytorch as vp
 BEFORE = schedule.CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(16, 1))
 
 
-def parse(text):
-    """'k4x4/16x1 n6x2/16x1' -> CpuProducts."""
+def parse(text, fma=False):
+    """'k4x4/16x1 n6x2/16x1' -> CpuProducts (accumulating as ``fma``: the device's own)."""
     parts = {w[0]: [tuple(int(v) for v in p.split("x")) for p in w[1:].split("/")]
              for w in text.split()}
     return schedule.CpuProducts(kvec=parts["k"][0], kvec_local=parts["k"][1],
-                                nvec=parts["n"][0], nvec_local=parts["n"][1])
+                                nvec=parts["n"][0], nvec_local=parts["n"][1], fma=fma)
 
 
 def label(c):
@@ -47,7 +47,8 @@ def label(c):
 
 
 def compile_with(cand, impl, g, batch, **kw):
-    """The model compiled with ``cand`` as ``impl``'s defaults, and its gemm_vec requests."""
+    """The model compiled with ``cand`` as the defaults of CPU_PRODUCTS entry ``impl``, and its
+    gemm_vec requests."""
     old = schedule.CPU_PRODUCTS.get(impl)
     schedule.CPU_PRODUCTS[impl] = cand
     try:
@@ -132,9 +133,10 @@ def main(argv=None):
         f.write("{}\n")
     os.environ["KILNET_SCHEDULES"] = empty          # the policy alone, whatever the cache holds
     probe = kn.compile(vp.w3_graph()[0], batch=1)
-    impl = probe.plan.target.implementation
-    cands = [parse(c) for c in o.candidates.split(";")] if o.candidates else \
-        [BEFORE, schedule.cpu_products(probe.plan.target)]
+    impl = schedule.products_key(probe.plan.target)
+    own = schedule.cpu_products(probe.plan.target)
+    cands = [parse(c, own.fma) for c in o.candidates.split(";")] if o.candidates else \
+        [BEFORE, own]
     print(f"device: {probe.device.name.strip()} ({impl}, {probe.device.driver_version}); "
           f"candidates: {' | '.join(label(c) for c in cands)}; load: {os.getloadavg()}")
     for row in o.rows.split(","):

@@ -35,7 +35,7 @@ import numpy as np
 from .compiler import names
 from .compiler.lower import lower
 from .compiler.specialise import header
-from .compiler.target import Target
+from .compiler.target import Target, vector_bytes_of
 from .errors import BundleError
 from .inspect import _fmt_bytes, _table
 
@@ -76,7 +76,8 @@ def plan_for(model, target=None):
         return plan
     d = model.device
     base = plan.target if plan.target is not None else Target(
-        kind, d.max_work_group_size, d.max_compute_units, d.local_mem_size, d.name.strip())
+        kind, d.max_work_group_size, d.max_compute_units, d.local_mem_size, d.name.strip(),
+        vector_bytes=vector_bytes_of(d))
     return lower(model.graph, plan.batch, plan.dtype, plan.loss, plan.optimizer, plan.input_grads,
                  False, dataclasses.replace(base, kind=kind))
 

@@ -10,15 +10,14 @@ import pytest
 
 import kilnet as kn
 from kilnet.compiler import schedule
-from kilnet.compiler.target import Target
+from kilnet.compiler.target import Target, vector_bytes_of
 from kilnet.runtime.device import select
-
-CPU_IMPLEMENTATIONS = sorted({d["implementation"] for d in kn.devices(check=True)
-                              if "CPU" in d["type"] and d["builds"] is None})
+from devices_here import CPU_IMPLEMENTATIONS
 
 
-def gemm_vec(impl, M, N, kvec, dtype="float", K=1000, batch=1):
-    return Target("cpu", implementation=impl, compute_units=2).schedule(
+
+def gemm_vec(impl, M, N, kvec, dtype="float", K=1000, batch=1, vector_bytes=32):
+    return Target("cpu", implementation=impl, compute_units=2, vector_bytes=vector_bytes).schedule(
         "gemm_vec", "p", dtype, M=M, N=N, K=K, batch=batch, kvec=kvec)
 
 
@@ -128,6 +127,21 @@ def test_a_family_entry_leaves_out_what_a_launch_form_has_no_use_for(tmp_path):
     assert (kvec.pack, kvec.depth, kvec.block) == (False, None, (2, 4))
 
 
+def test_the_vector_is_the_devices_native_register():
+    class Device:
+        native_vector_width_float = None
+    for native, want in ((16, 64), (8, 32), (4, 16), (1, 16), (32, 64)):
+        Device.native_vector_width_float = native
+        assert vector_bytes_of(Device) == want, native
+    # AVX-512: 16 floats (8 doubles) per vector, and Intel's 4×4 k-vector block
+    s = gemm_vec("intel", 64, 1000, True, vector_bytes=64)
+    assert (s.block, s.vector) == ((4, 4), 16)
+    assert gemm_vec("intel", 64, 1000, True, "double", vector_bytes=64).vector == 8
+    assert gemm_vec("intel", 64, 1000, True).block == schedule.CPU_PRODUCTS["intel"].kvec == (2, 4)
+    assert gemm_vec("pocl", 64, 1000, True, vector_bytes=64).block == \
+        schedule.CPU_PRODUCTS["pocl"].kvec
+
+
 def test_intel_accumulates_with_fma_and_pocl_with_the_contracted_product():
     assert schedule.CPU_PRODUCTS["intel"].fma and not schedule.CPU_PRODUCTS["pocl"].fma
 
@@ -171,11 +185,14 @@ def test_dense_products_match_numpy(implementation, dtype, batch, n_in, n_out):
     g = kn.Graph("cpu_products")
     g.output("y", kn.dense(g.input("x", (n_in,)), n_out))
     m = kn.compile(g, batch=batch, loss="mse", dtype=dtype, input_grads=True, seed=2)
-    cpu = schedule.CPU_PRODUCTS.get(implementation, schedule.CPU_PRODUCTS["pocl"])
+    target = Target.of(select(None))
+    cpu = schedule.cpu_products(target)
     sizes = {k.name: tuple(k.local_size) for k in m.kernels}
-    V = 8 if dtype == "float32" else 4
+    # the device's own vector: 8 floats with AVX2, 16 with AVX-512
+    vector_bytes = target.vector_bytes
+    V = vector_bytes // (4 if dtype == "float32" else 8)
     NV = gemm_vec(implementation, batch, n_in, False, "double" if dtype == "float64" else "float",
-                  K=n_out).block[1]
+                  K=n_out, vector_bytes=vector_bytes).block[1]
     gx = -(-n_in // (NV * V))
     want = 1
     while want < min(gx, cpu.nvec_local[0]):

@@ -40,12 +40,12 @@ def local(m, name):
 
 
 OVERRIDES = {
-    # CPU form: the vector gemm's register block and group, the elementwise groups, a bias
-    # gradient's row slices
-    "cpu": ({"dense_1.forward": {"block": [2, 3], "local": [2, 1, 1]},
+    # CPU form: the vector gemm's register block and group (3: the policy's groups are powers of
+    # two, whatever the device's vector width), the elementwise groups, a bias gradient's row slices
+    "cpu": ({"dense_1.forward": {"block": [2, 3], "local": [3, 1, 1]},
              "dense_1.backward_weight": {"block": [3, 1]},
              "map": {"local": [16]}, "conv1d_1.backward_bias": {"split": 3}},
-            {"dense_1.forward": (2, 1, 1), "activation_1.forward": (16,)}),
+            {"dense_1.forward": (3, 1, 1), "activation_1.forward": (16,)}),
     # GPU form (forced on the CPU device): tiles, a k-split, the column sums' groups and a bias
     # gradient's row slices; the weight gradient in the large-tile form at another depth
     "gpu": ({"dense_2.backward_input": {"tiles": [16, 16, 2, 1]},

@@ -119,15 +119,31 @@ class CpuProducts:
 #          1.2-1.9× faster than 4×4 on most products (a 64×256 W2 conv 0.75×).
 #          Over the products of a train step: W1 2.4-2.5× (b64, b256), 1.3-1.4× (b1); W2, W3
 #          1.05-1.1×.
+#   intel/64: with AVX-512 (64-byte vectors; a 2-core EPYC, Zen 5, 2026-12-01, cpu_defaults.py
+#          over W1 b64, b256 and W2 b32, two runs): the k-vector form's 4×4 beat 2×4 by 1.05-1.23×
+#          on W1's dense forwards (W2's k-vector products level), over the products of a step
+#          1.03×. n-vector blocks 12×2, 6×4, 8×3, 8×2 and 4×2 lost 4-37 % to 6×2; 8×1 and 12×1
+#          gained 10-12 % on W2's products and lost 1-3 % on W1's.
 CPU_PRODUCTS = {
     "pocl": CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(16, 1)),
     "intel": CpuProducts(kvec=(2, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1),
                          fma=True),
+    "intel/64": CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1),
+                            fma=True),
 }
 
 
+def products_key(target):
+    """The CPU_PRODUCTS entry of ``target``: its implementation at its vector width, else its
+    implementation, else PoCL's."""
+    for key in (f"{target.implementation}/{target.vector_bytes}", target.implementation):
+        if key in CPU_PRODUCTS:
+            return key
+    return "pocl"
+
+
 def cpu_products(target):
-    return CPU_PRODUCTS.get(target.implementation, CPU_PRODUCTS["pocl"])
+    return CPU_PRODUCTS[products_key(target)]
 
 
 @dataclass(frozen=True)
@@ -266,7 +282,7 @@ def gemm_schedule(target, shape, dtype):
 
 def policy(target, kind, dtype="float", **shape):
     """The default schedule of a launch of family ``kind`` (see ``TUNABLE``) on ``target``."""
-    V = vector_width(target.kind, dtype)
+    V = vector_width(target, dtype)
     if kind == "map":            # one work-item per element, row or vector; shape: dims, vectors,
         #                          items (where each item is much work: see HEAVY_GROUPS)
         L = target.lanes or LANES

@@ -39,6 +39,7 @@ class Target:
     driver: str = ""           # the driver version: part of the key of a tuned schedule table
     plan_kernel: bool = False  # run launch sequences as one plan kernel (compiler/persistent.py)
     plan_merge: bool = True    # independent phases of it share a stage (persistent.stages)
+    vector_bytes: int = 32     # a CPU form's explicit vector: one register (vector_bytes_of)
     # {launch name or kernel family: Schedule}: overrides laid over the policy (compiler/schedule.py)
     schedules: dict = field(default=None, hash=False, repr=False)
 
@@ -75,9 +76,30 @@ class Target:
         target = cls(kind, device.max_work_group_size, device.max_compute_units,
                      device.local_mem_size, device.name.strip(), impl,
                      device.driver_version.strip(),
-                     one == "1" if one else impl in PLAN_KERNEL, merge != "0")
+                     one == "1" if one else impl in PLAN_KERNEL, merge != "0",
+                     vector_bytes_of(device))
         path = sched.table_path(target)
         return target if path is None else replace(target, schedules=sched.load_table(path))
+
+
+# The explicit vector of the CPU forms is the device's native float vector: 32 bytes with AVX2,
+# 64 with AVX-512. Measured on a 2-core AMD EPYC, Zen 5 (AVX-512, native width 16), Intel's
+# runtime, 2026-12-01, train steps 64 against 32 bytes (in one process, alternating calls, medians
+# of 30): W1 b64 0.79x, b256 0.75x, W2 b32 0.88x, W3 b16 0.69x; at batch 1 level within the noise.
+# The FMA peak (benchmarks/fma_peak.py) is 501 GFLOP/s there in 16-lane vectors, 204 in 8-lane.
+VECTOR_BYTES = (16, 64)    # the range taken: SSE to AVX-512
+
+
+def vector_bytes_of(device):
+    """KILNET_VECTOR_BYTES (16, 32 or 64: to check one width's kernels on any device, e.g. under
+    Oclgrind, whose device reports 1 float), else the device's native float vector."""
+    forced = os.environ.get("KILNET_VECTOR_BYTES")
+    if forced:
+        if forced not in ("16", "32", "64"):
+            raise CompileError(f"KILNET_VECTOR_BYTES must be 16, 32 or 64, got {forced!r}")
+        return int(forced)
+    lo, hi = VECTOR_BYTES
+    return max(lo, min(hi, 4 * device.native_vector_width_float))
 
 
 GPU = Target("gpu")

@@ -130,13 +130,11 @@ def kernel(step, template, consts, buffers, global_size, local_size=None):
                   tuple(global_size), tuple(local_size) if local_size else None)
 
 
-VEC_BYTES = 32             # the CPU forms' vector: one AVX register (8 floats, 4 doubles)
-
-
-def vector_width(target_kind, dtype):
+def vector_width(target, dtype):
     """Elements per explicit vector in the CPU forms (PoCL does not vectorise our scalar loops
-    well); 1 on GPUs, whose lanes are the vector."""
-    return VEC_BYTES // (8 if dtype == "double" else 4) if target_kind == "cpu" else 1
+    well): one register of the device (``target.vector_bytes``); 1 on GPUs, whose lanes are the
+    vector."""
+    return target.vector_bytes // (8 if dtype == "double" else 4) if target.kind == "cpu" else 1
 
 
 def round_up(n, m):

@@ -160,7 +160,7 @@ class GraphAttention(Op):
         return dict(mode=mode, B=B, U=U, H=H, DK=DK, scale=repr(1.0 / math.sqrt(DK)),
                     words=words, bits=bits, connected=connected, vconnected=vconnected,
                     staged=staged,
-                    VW=vector_width(ctx.target.kind, ctx.dtype),
+                    VW=vector_width(ctx.target, ctx.dtype),
                     fma=ctx.target.kind == "cpu" and cpu_products(ctx.target).fma,
                     ivec="long" if ctx.dtype == "double" else "int")
 

@@ -95,7 +95,7 @@ class MultiWindowConv(Op):
         c = dict(mode=mode, form=ctx.target.kind, R=ctx.batch * V, T=T, P=P, O=O, F=F,
                  S=a["step"], wins=wins, WT=toff)
         if c["form"] == "cpu":
-            vmax = vector_width("cpu", ctx.dtype)
+            vmax = vector_width(ctx.target, ctx.dtype)
             c["V"] = next(v for v in (8, 4, 2, 1) if v <= vmax and F % v == 0)
             c["ctype"] = ctx.dtype
         return c
