@@ -142,6 +142,16 @@ def test_the_vector_is_the_devices_native_register():
         schedule.CPU_PRODUCTS["pocl"].kvec
 
 
+def test_b_is_packed_only_for_panels_of_enough_rows():
+    # W2's 64×64 by 64 products at batch 1: with 16-float vectors the 8 work-items a launch
+    # needs get panels of 18 rows, too few to pay for the packing; with 8-float ones, 36
+    small = gemm_vec("intel", 64, 64, True, K=64, vector_bytes=64)
+    assert (small.pack, small.block) == (False, schedule.CPU_PRODUCTS["intel/64"].kvec)
+    assert gemm_vec("intel", 64, 64, True, K=64).pack
+    big = gemm_vec("intel", 2048, 64, True, K=64, vector_bytes=64)
+    assert big.pack and big.rows >= schedule.PACK_MIN_ROWS
+
+
 def test_intel_accumulates_with_fma_and_pocl_with_the_contracted_product():
     assert schedule.CPU_PRODUCTS["intel"].fma and not schedule.CPU_PRODUCTS["pocl"].fma
 

@@ -72,6 +72,13 @@ PANEL_MIN_K = 16
 # rows (PACKED_PANEL_ROWS), W2's K = 128 product was faster packed too: 0.84x the time at batch
 # 32, 0.74x at batch 1 (in-process A/B, medians of 20); its K = 256 one only 0.88-0.98x.
 PACK_K = 128
+# ... and only where a work-item's panel has PACK_MIN_ROWS rows or more to pay for the packing
+# (each work-item transposes its panel of B element by element). W2 at batch 1 on a Zen 5
+# (16-float vectors): its 64×64 by 64 and 64×128 by 64 products got panels of 18 rows, and
+# `kilnet tune` found them 1.4-2.3x faster unpacked. In-process A/B against no minimum (medians
+# of 40): W2's forward at batch 1 0.84x the time, its train step 0.92x; W2 b32, W1 b1 and b64,
+# W3 b16 0.99x. 64 against 32: level (0.97-1.02x).
+PACK_MIN_ROWS = 32
 # An n-vector block that would compute more than PAD_WASTE times the product's outputs (the
 # edges of a small M or N) gives way to the block of as many accumulators (or 8×1) that computes
 # the fewest, with k in chunks of SMALL_KC. W1's conv weight gradients (32 × 96 and 32 × 36, k =
@@ -311,10 +318,12 @@ def policy(target, kind, dtype="float", **shape):
         return Schedule(local=(L, 1, 1))
     if kind == "gemm_vec":       # shape: M, N, K, batch, kvec (both operands run along k),
         #                          a_along_m (A runs along m; present only where it does)
-        pack = shape["kvec"] and shape["K"] <= PACK_K
-        s = Schedule(block=vec_block(target, shape, pack, V), vector=V,
-                     pack=pack if shape["kvec"] else None)
-        return vec_panel(target, shape, s if kvec_form(shape, s) else small_panel(shape, s))
+        for pack in (True, False) if shape["kvec"] and shape["K"] <= PACK_K else (False,):
+            s = Schedule(block=vec_block(target, shape, pack, V), vector=V,
+                         pack=pack if shape["kvec"] else None)
+            s = vec_panel(target, shape, s if kvec_form(shape, s) else small_panel(shape, s))
+            if not pack or s.rows >= PACK_MIN_ROWS:
+                return s
     if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
         #                          queries of a head): a power of two up to GROUP_LANES
         cap = min(GROUP_LANES, target.max_work_group)
