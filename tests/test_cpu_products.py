@@ -234,20 +234,29 @@ ACTS = {"tanh": (np.tanh, lambda z: 1 - np.tanh(z) ** 2),
                     lambda z: np.exp(-z) / (1 + np.exp(-z)) ** 2)}
 
 
+@pytest.mark.parametrize("vector_bytes", ["32", "64"])
 @pytest.mark.parametrize("act", sorted(ACTS))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_vector_epilogue_matches_numpy(implementation, act, dtype):
+def test_vector_epilogue_matches_numpy(implementation, monkeypatch, act, dtype, vector_bytes):
     """Interior blocks store bias, pre-activation, activation and the next layer's act'(z) as
-    vectors, edge blocks element by element: both in each product. Layer 1 takes the k-vector
-    form (k = 70), layer 2 the packed one (k = 37), and dx through layer 2 applies tanh' etc.
-    of layer 1 as it is stored."""
+    vectors, edge blocks element by element: both in each product, at both vector widths. Layer
+    1 takes the k-vector form (k = 70), layer 2 the packed one (k = 37; 150 rows give panels of
+    42 or more), whose interior blocks are 16 or 32 columns of 61, and dx through layer 2
+    applies tanh' etc. of layer 1 as it is stored. Biases are random, so a vector read at the wrong column
+    shows."""
+    monkeypatch.setenv("KILNET_VECTOR_BYTES", vector_bytes)
     f, df = ACTS[act]
+    B = 150
     g = kn.Graph("epilogue")
     h = kn.dense(g.input("x", (70,)), 37, activation=act)
-    g.output("y", kn.dense(h, 19, activation=act))
-    m = kn.compile(g, batch=13, loss="mse", dtype=dtype, input_grads=True, seed=4)
+    g.output("y", kn.dense(h, 61, activation=act))
+    m = kn.compile(g, batch=B, loss="mse", dtype=dtype, input_grads=True, seed=4)
+    [forward2] = [k for k in m.plan.launches if k.name == "dense_2.forward"]
+    assert "bp[" in m.plan.sources[forward2.kernel]           # B packed per panel
     rng = np.random.default_rng(6)
-    x, t = rng.standard_normal((13, 70)), rng.standard_normal((13, 19))
+    m.params.update({"dense_1.bias": rng.standard_normal(37),
+                     "dense_2.bias": rng.standard_normal(61)})
+    x, t = rng.standard_normal((B, 70)), rng.standard_normal((B, 61))
     W1, b1, W2, b2 = (m.params[k].astype(np.float64) for k in
                       ("dense_1.weight", "dense_1.bias", "dense_2.weight", "dense_2.bias"))
     z1 = x @ W1.T + b1
