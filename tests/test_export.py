@@ -23,8 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 RUNNER = os.path.join(ROOT, "runner", "kilnet_run.c")
 # Python and the runner share one device: PoCL where it builds kernels (it came with pyopencl's
-# wheel), else Intel's CPU runtime (PoCL 3.0 cannot build on CPUs newer than its LLVM).
-DEVICE = "pocl" if "pocl" in CPU_IMPLEMENTATIONS else CPU_IMPLEMENTATIONS[0]
+# wheel), else Intel's CPU runtime (PoCL 3.0 cannot build on CPUs newer than its LLVM); where
+# none builds, PoCL, whose refusal then says why.
+DEVICE = CPU_IMPLEMENTATIONS[0] if CPU_IMPLEMENTATIONS and "pocl" not in CPU_IMPLEMENTATIONS \
+    else "pocl"
 
 # Small settings of each example's build_model() (every example defines one).
 SMALL = {
