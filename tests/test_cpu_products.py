@@ -237,14 +237,18 @@ ACTS = {"tanh": (np.tanh, lambda z: 1 - np.tanh(z) ** 2),
 @pytest.mark.parametrize("vector_bytes", ["32", "64"])
 @pytest.mark.parametrize("act", sorted(ACTS))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_vector_epilogue_matches_numpy(implementation, monkeypatch, act, dtype, vector_bytes):
+def test_vector_epilogue_matches_numpy(implementation, monkeypatch, tmp_path, act, dtype,
+                                      vector_bytes):
     """Interior blocks store bias, pre-activation, activation and the next layer's act'(z) as
     vectors, edge blocks element by element: both in each product, at both vector widths. Layer
-    1 takes the k-vector form (k = 70), layer 2 the packed one (k = 37; 150 rows give panels of
-    42 or more), whose interior blocks are 16 or 32 columns of 61, and dx through layer 2
-    applies tanh' etc. of layer 1 as it is stored. Biases are random, so a vector read at the wrong column
-    shows."""
+    1 takes the k-vector form (k = 70), layer 2 the packed one (k = 37, asked for: the policy's
+    choice depends on the device's compute units), whose interior blocks are 16 or 32 columns
+    of 61, and dx through layer 2 applies tanh' etc. of layer 1 as it is stored. Biases are
+    random, so a vector read at the wrong column shows."""
     monkeypatch.setenv("KILNET_VECTOR_BYTES", vector_bytes)
+    table = tmp_path / "packed.json"
+    table.write_text(json.dumps({"dense_2.forward": {"pack": True}}))
+    monkeypatch.setenv("KILNET_SCHEDULES", str(table))
     f, df = ACTS[act]
     B = 150
     g = kn.Graph("epilogue")
