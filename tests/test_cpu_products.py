@@ -292,3 +292,22 @@ def test_a_product_whose_a_runs_along_m_takes_shorter_k_chunks(monkeypatch, tmp_
     src = {k.name: m.plan.sources[k.kernel] for k in m.kernels}
     assert f"kc += {schedule.A_ALONG_M_KC}) {{" in src["dense_1.backward_weight"]
     assert f"kc += {schedule.KC}) {{" in src["dense_1.backward_input"]
+
+
+def test_projections_of_one_input_run_as_one_launch_on_cpus(monkeypatch):
+    """Q, K and V (and each graph conv's filter and state) share their input: one CPU launch
+    whose z-coordinate picks the weight, bias and output; the GPU form keeps a launch each.
+    (That the right ones are picked: the GTE and graph-conv tests against their references,
+    whose biases are random.)"""
+    def launches(kind):
+        monkeypatch.setenv("KILNET_TARGET", kind)
+        g = kn.Graph("gte")
+        g.output("y", kn.gte_block(g.input("x", (5, 4)), 3, 2, name="gte"))
+        return {k.name: k for k in kn.compile(g, batch=2).kernels}
+    cpu, gpu = launches("cpu"), launches("gpu")
+    assert cpu["gte.graph_attention_1.forward_qkv"].global_size[2] == 3
+    for conv in ("graph_conv_1", "graph_conv_2"):
+        assert cpu[f"gte.{conv}.forward_filter_state"].global_size[2] == 2
+        assert {f"gte.{conv}.forward_filter", f"gte.{conv}.forward_state"} <= set(gpu)
+    assert not {"gte.graph_attention_1.forward_q", "gte.graph_conv_1.forward_filter"} & set(cpu)
+    assert {f"gte.graph_attention_1.forward_{p}" for p in "qkv"} <= set(gpu)

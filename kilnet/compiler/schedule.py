@@ -317,7 +317,8 @@ def policy(target, kind, dtype="float", **shape):
         L = target.lanes or min(128, pow2_at_least(shape["K"], 128))
         return Schedule(local=(L, 1, 1))
     if kind == "gemm_vec":       # shape: M, N, K, batch, kvec (both operands run along k),
-        #                          a_along_m (A runs along m; present only where it does)
+        #                          a_along_m (A runs along m), groups (products sharing A in
+        #                          one launch, ops.gemm.linears; each present only where it is)
         for pack in (True, False) if shape["kvec"] and shape["K"] <= PACK_K else (False,):
             s = Schedule(block=vec_block(target, shape, pack, V), vector=V,
                          pack=pack if shape["kvec"] else None)
@@ -410,6 +411,11 @@ def panel_columns(shape, kvec, block, V):
     return -(-shape["N"] // (block[1] * (1 if kvec else V)))
 
 
+def entries(shape):
+    """The products a CPU gemm launch computes: its batch, or its groups (ops.gemm.linears)."""
+    return shape.get("batch", 1) * shape.get("groups", 1)
+
+
 def panel_rows(shape, kvec, block, V, units, pack=False):
     """MC for a CPU gemm: all rows up to PANEL_ROWS (PACKED_PANEL_ROWS where B is packed per
     panel), in whole blocks, halved while the launch (over all its batch entries) would give
@@ -419,7 +425,7 @@ def panel_rows(shape, kvec, block, V, units, pack=False):
     if shape["K"] < PANEL_MIN_K:
         return RM
     MC = RM * -(-min(M, PACKED_PANEL_ROWS if pack else PANEL_ROWS) // RM)
-    others = panel_columns(shape, kvec, block, V) * shape.get("batch", 1)
+    others = panel_columns(shape, kvec, block, V) * entries(shape)
     while MC > RM and others * -(-M // MC) < 4 * units:
         MC = RM * -(-MC // (2 * RM))
     return MC
@@ -436,7 +442,7 @@ def _vec_local(shape, kvec, block, V, MC, cpu, units):
     most = cpu.kvec_local if kvec else cpu.nvec_local
     gx, gy = panel_columns(shape, kvec, block, V), -(-shape["M"] // MC)
     LX, LY = pow2_at_least(gx, most[0]), pow2_at_least(gy, most[1])
-    groups = lambda: -(-gx // LX) * -(-gy // LY) * shape.get("batch", 1)
+    groups = lambda: -(-gx // LX) * -(-gy // LY) * entries(shape)
     while groups() < units and LX * LY > 1:
         if LX > 1:
             LX //= 2

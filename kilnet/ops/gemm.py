@@ -31,13 +31,18 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     a_idx, b_idx, c_idx = (index.check(name, e) for name, e in
                            (("a_idx", a_idx), ("b_idx", b_idx), ("c_idx", c_idx)))
     a_pred = None if a_pred is None else index.check("a_pred", a_pred)
-    consts = dict(M=M, N=N, K=K, a_kfast=a_kfast, b_nfast=b_nfast,
+    consts = dict(M=M, N=N, K=K, a_kfast=a_kfast, b_nfast=b_nfast, groups=(),
                   a_pred=None if a_pred is None else index.c(a_pred), **_macros(a_idx, b_idx, c_idx))
-    buffers = {"a": a, "w": w, "out": out}
-    epilogue(consts, buffers, accumulate, bias, act, z, dscale)
     if ctx.target.kind == "cpu":
         sc = index.strides(c_idx, (n,))
         consts["c_nfast"] = sc is not None and sc[n] == 1     # a block's row is contiguous
+    if isinstance(w, tuple):
+        # the z-coordinate names the group: the operands' indices must not use it
+        assert all(b not in e.free_symbols for e in (a_idx, b_idx, c_idx)), step
+        return _grouped(ctx, step, consts, a, w, out, bias, accumulate, act, batch, z, dscale)
+    buffers = {"a": a, "w": w, "out": out}
+    epilogue(consts, buffers, accumulate, bias, act, z, dscale)
+    if ctx.target.kind == "cpu":
         return _vector_gemm(ctx, step, consts, buffers, batch)
     if M <= GEMV_ROWS and a_kfast and not b_nfast and a_pred is None and dscale is None:
         s = ctx.schedule(step, "gemv", K=K)
@@ -115,6 +120,37 @@ def linear(ctx, step, *, rows, n_in, n_out, x, weight, out, bias=None, act="none
                 bias=bias, act=act, z=z, accumulate=accumulate)
 
 
+def linears(ctx, step, products, *, rows, n_in, n_out, x):
+    """``linear`` of one ``x`` by several weights of the same shape: ``products`` is
+    [(step, weight, out, bias)]. On CPUs they run as one launch, ``step``, whose z-coordinate
+    picks the weight, bias and output (W2's Q, K and V projections at batch 1 took 5.7-6.4 us
+    each, three times the 2 us a launch costs there); elsewhere, a launch each."""
+    if ctx.target.kind != "cpu" or len(products) == 1:
+        return [kn for name, weight, y, bias in products
+                for kn in linear(ctx, name, rows=rows, n_in=n_in, n_out=n_out, x=x,
+                                 weight=weight, out=y, bias=bias)]
+    _, weights, outs, biases = zip(*products)
+    return linear(ctx, step, rows=rows, n_in=n_in, n_out=n_out, x=x, weight=weights, out=outs,
+                  bias=biases)
+
+
+def _grouped(ctx, step, consts, a, ws, outs, biases, accumulate, act, batch, z, dscale):
+    """One CPU launch of len(ws) products that share A: the z-coordinate picks the group's
+    weight, output and bias (gemm_vec.cl.j2 binds each and selects by it)."""
+    G = len(ws)
+    assert ctx.target.kind == "cpu" and batch == 1 and z is None and dscale is None, step
+    assert len(outs) == G and (biases is None or len(biases) == G), step
+    buffers = {"a": a}
+    groups = {"w": ws, "out": [written(o, accumulate) for o in outs]}
+    if biases is not None:
+        groups["bias"] = biases
+    for name, bufs in groups.items():
+        buffers.update({f"{name}{i}": buf for i, buf in enumerate(bufs)})
+    epilogue(consts, {"out": outs[0]}, accumulate, biases and biases[0], act, None, None)
+    consts["groups"] = tuple((name, G) for name in groups)
+    return _vector_gemm(ctx, step, consts, buffers, G, groups=G)
+
+
 def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight, dbias=None,
                     dx=None, accumulate=False, dx_scale=None):
     """The gradients of ``linear`` from dz = ∂L/∂(pre-activation): dx (=|+=) dz·W (when dx is
@@ -135,15 +171,18 @@ def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight
     return ks
 
 
-def _vector_gemm(ctx, step, consts, buffers, batch):
+def _vector_gemm(ctx, step, consts, buffers, batch, groups=1):
     """CPU form: k-vectors when both operands run along k (unless k is short: then n-vectors over
-    B packed per panel), else n-vectors of B."""
+    B packed per panel), else n-vectors of B. ``groups`` > 1: ``batch`` counts grouped products
+    (``_grouped``), which take single products' blocks."""
     M, N, K = consts["M"], consts["N"], consts["K"]
     kvec = consts["a_kfast"] and not consts["b_nfast"] and not consts["a_pred"]
     assert kvec or consts["b_nfast"], "n-vector form needs B contiguous in n"
-    # a_along_m only where it holds, so that the other launches' table keys stay as they were
-    along_m = {"a_along_m": True} if not consts["a_kfast"] else {}
-    s = ctx.schedule(step, "gemm_vec", M=M, N=N, K=K, batch=batch, kvec=kvec, **along_m)
+    # a_along_m and groups only where they hold, so that the other launches' table keys stay as
+    # they were
+    extra = ({"a_along_m": True} if not consts["a_kfast"] else {}) | \
+        ({"groups": groups, "batch": 1} if groups > 1 else {"batch": batch})
+    s = ctx.schedule(step, "gemm_vec", M=M, N=N, K=K, kvec=kvec, **extra)
     (RM, RN), vec = s.block, s.vector
     if kvec_form(dict(kvec=kvec), s):
         consts.update(form="kvec", V=vec, RM=RM, RN=RN, MC=s.rows)

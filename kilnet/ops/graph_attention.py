@@ -51,7 +51,7 @@ from ..compiler.schedule import cpu_products
 from ..graph import graph_of
 from .base import (Op, Param, inout, int_attr, kernel, need, out, pow2_at_least, register,
                    vector_width)
-from .gemm import gemm, linear, linear_backward
+from .gemm import gemm, linear, linear_backward, linears
 from .index import b, k, m, n
 
 STAGE_BYTES = 16384        # a head's blocks staged in local memory up to this size (GPUs)
@@ -199,10 +199,9 @@ class GraphAttention(Op):
     def forward(self, node, ctx):
         B, U, W, H, DK, HD = self._dims(node, ctx)
         s, R = self._buffers(node, ctx), B * U
-        ks = []
-        for p in ("q", "k", "v"):
-            ks += linear(ctx, f"forward_{p}", rows=R, n_in=W, n_out=HD, x=ctx.x(0),
-                         weight=ctx.p(f"{p}.weight"), out=s[p], bias=ctx.p(f"{p}.bias"))
+        ks = linears(ctx, "forward_qkv", [(f"forward_{p}", ctx.p(f"{p}.weight"), s[p],
+                                            ctx.p(f"{p}.bias")) for p in ("q", "k", "v")],
+                     rows=R, n_in=W, n_out=HD, x=ctx.x(0))
         if self._consts(node, ctx, "forward")["staged"]:
             ks.append(self._attention(node, ctx, "forward_attention", "forward",
                                       {"Q": s["q"], "K": s["k"], "V": s["v"], "P": out(s["p"]),

@@ -15,7 +15,7 @@ from ..compiler import symbolic
 from ..graph import graph_of
 from .base import Op, Param, inout, int_attr, need, out, register
 from .activation import vector_map
-from .gemm import linear, linear_backward
+from .gemm import linear_backward, linears
 
 
 
@@ -48,10 +48,9 @@ class GraphConv(Op):
     def forward(self, node, ctx):
         R, W, F = self._dims(node, ctx)
         z = {b: ctx.scratch(f"z{b[0]}", R * F) for b in ("filter", "state")}
-        ks = []
-        for b in ("filter", "state"):
-            ks += linear(ctx, f"forward_{b}", rows=R, n_in=W, n_out=F, x=ctx.x(0),
-                         weight=ctx.p(f"{b}.weight"), out=z[b], bias=ctx.p(f"{b}.bias"))
+        ks = linears(ctx, "forward_filter_state",
+                     [(f"forward_{b}", ctx.p(f"{b}.weight"), z[b], ctx.p(f"{b}.bias"))
+                      for b in ("filter", "state")], rows=R, n_in=W, n_out=F, x=ctx.x(0))
         ks.append(self._gate(ctx, "forward", "forward", R * F,
                              {"zf": z["filter"], "zs": z["state"], "out": out(ctx.y)}))
         return ks
