@@ -127,12 +127,17 @@ def test_a_family_entry_leaves_out_what_a_launch_form_has_no_use_for(tmp_path):
     assert (kvec.pack, kvec.depth, kvec.block) == (False, None, (2, 4))
 
 
-def test_the_vector_is_the_devices_native_register():
+def test_the_vector_is_the_devices_native_register(monkeypatch):
     class Device:
         native_vector_width_float = None
     for native, want in ((16, 64), (8, 32), (4, 16), (1, 16), (32, 64)):
         Device.native_vector_width_float = native
         assert vector_bytes_of(Device) == want, native
+    monkeypatch.setenv("KILNET_VECTOR_BYTES", "32")
+    assert vector_bytes_of(Device) == 32
+    monkeypatch.setenv("KILNET_VECTOR_BYTES", "48")
+    with pytest.raises(kn.CompileError, match="KILNET_VECTOR_BYTES must be 16, 32 or 64, got '48'"):
+        vector_bytes_of(Device)
     # AVX-512: 16 floats (8 doubles) per vector, and Intel's 4×4 k-vector block
     s = gemm_vec("intel", 64, 1000, True, vector_bytes=64)
     assert (s.block, s.vector) == ((4, 4), 16)

@@ -130,7 +130,9 @@ class CpuProducts:
 #          over W1 b64, b256 and W2 b32, two runs): the k-vector form's 4×4 beat 2×4 by 1.05-1.23×
 #          on W1's dense forwards (W2's k-vector products level), over the products of a step
 #          1.03×. n-vector blocks 12×2, 6×4, 8×3, 8×2 and 4×2 lost 4-37 % to 6×2; 8×1 and 12×1
-#          gained 10-12 % on W2's products and lost 1-3 % on W1's.
+#          had gained 10-12 % on W2's products only while 32-column rows were stored element by
+#          element (gemm_vec.cl.j2's store_block); since then 8×1 lost 8-13 %, 12×2 won 5 % at
+#          W1 b256 and lost 3-10 % at W1 b64 and W2 b32.
 CPU_PRODUCTS = {
     "pocl": CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(16, 1)),
     "intel": CpuProducts(kvec=(2, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1),
