@@ -146,6 +146,7 @@ def _grouped(ctx, step, consts, a, ws, outs, biases, accumulate, act, batch, z, 
         groups["bias"] = biases
     for name, bufs in groups.items():
         buffers.update({f"{name}{i}": buf for i, buf in enumerate(bufs)})
+    # for the epilogue's flags alone: each group's output and bias are bound above
     epilogue(consts, {"out": outs[0]}, accumulate, biases and biases[0], act, None, None)
     consts["groups"] = tuple((name, G) for name in groups)
     return _vector_gemm(ctx, step, consts, buffers, G, groups=G)
