@@ -316,3 +316,29 @@ def test_projections_of_one_input_run_as_one_launch_on_cpus(monkeypatch):
         assert {f"gte.{conv}.forward_filter", f"gte.{conv}.forward_state"} <= set(gpu)
     assert not {"gte.graph_attention_1.forward_q", "gte.graph_conv_1.forward_filter"} & set(cpu)
     assert {f"gte.graph_attention_1.forward_{p}" for p in "qkv"} <= set(gpu)
+
+
+def test_products_that_read_a_big_weight_once_prefetch_its_next_panel(monkeypatch, tmp_path):
+    """Where CPU_PRODUCTS say so (Intel's runtime at 64-byte vectors): the forward and the input
+    gradient of a weight of PREFETCH_MIN elements or more whose panels one work-item each reads;
+    not the weight gradient (B an activation), nor where several row groups share a panel. (That
+    prefetching products stay right: tests/oclgrind_prefetch.py, under Oclgrind and against
+    NumPy.)"""
+    monkeypatch.setenv("KILNET_TARGET", "cpu")
+    monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
+    monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
+
+    def prefetching(products, batch, units=520):
+        monkeypatch.setenv("KILNET_CPU_PRODUCTS", products)
+        g = kn.Graph("prefetch")
+        g.output("y", kn.dense(kn.dense(g.input("x", (units,)), 510), units))
+        m = kn.compile(g, batch=batch, loss="mse")
+        return {k.name for k in m.kernels if "prefetch(" in m.plan.sources[k.kernel]}
+    assert prefetching("intel/64", 64) == {"dense_1.forward", "dense_2.forward",
+                                           "dense_2.backward_input"}
+    assert prefetching("intel/64", 64, units=500) == set()      # 500·510 < PREFETCH_MIN
+    assert prefetching("intel/64", 256) == set()                # 4 row groups per panel
+    assert prefetching("intel", 64) == set()
+    monkeypatch.setenv("KILNET_CPU_PRODUCTS", "intel/48")
+    with pytest.raises(kn.CompileError, match="KILNET_CPU_PRODUCTS must be one of .*got 'intel/48'"):
+        prefetching("intel/48", 64)

@@ -100,6 +100,17 @@ A_ALONG_M_KC = 64
 # gained 0.84x and 0.95x too, and the two whose A runs along m lost up to 1.17x; telling them
 # apart would add a field to the tuned tables' keys.)
 BATCHED_NVEC = (4, 2)
+# Where the implementation's CpuProducts say so, a product prefetches each work-item's next
+# panel of B while it works on the current one (gemm_vec.cl.j2's prefetch_slice), if
+# - B is a weight: A runs along k (forwards, input gradients), and B holds at least PREFETCH_MIN
+#   elements, too many to stay in the caches from one step to the next;
+# - each panel is read once: one work-item passes all the rows over it.
+# In-process A/B on W1's train step at batch 64 (2-core Zen 5, Intel's runtime, medians of 10×5
+# profiled steps): its dense forwards took 0.92-0.94x the time, its input gradients 0.89-0.98x.
+# Elsewhere the prefetches only cost: at batch 256 (4 row groups per panel) the input gradients
+# took 1.04-1.10x the time, W2's conv1d_2 weight gradient at batch 32 (B an activation) 1.10x,
+# W1's conv weight gradients (B of 32 × 2304) 1.43x.
+PREFETCH_MIN = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,7 @@ class CpuProducts:
     kvec_local: tuple   # (LX, LY): work-items per group at most, along n and m, k-vector form
     nvec_local: tuple   # ... n-vector form
     fma: bool = False   # accumulate with fma() rather than the contracted `acc += x * y`
+    prefetch: bool = False  # each block prefetches a slice of the work-item's next B panel
 
 
 # Per implementation, like target.FORMS; others take PoCL's. Measured on a 2-core EPYC (Zen 3,
@@ -138,13 +150,20 @@ CPU_PRODUCTS = {
     "intel": CpuProducts(kvec=(2, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1),
                          fma=True),
     "intel/64": CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1),
-                            fma=True),
+                            fma=True, prefetch=True),
 }
 
 
 def products_key(target):
-    """The CPU_PRODUCTS entry of ``target``: its implementation at its vector width, else its
-    implementation, else PoCL's."""
+    """The CPU_PRODUCTS entry of ``target``: KILNET_CPU_PRODUCTS where set (to check another
+    implementation's products on this device, e.g. under Oclgrind), else its implementation at
+    its vector width, else its implementation, else PoCL's."""
+    forced = os.environ.get("KILNET_CPU_PRODUCTS")
+    if forced:
+        if forced not in CPU_PRODUCTS:
+            raise CompileError(f"KILNET_CPU_PRODUCTS must be one of {sorted(CPU_PRODUCTS)}, "
+                               f"got {forced!r}")
+        return forced
     for key in (f"{target.implementation}/{target.vector_bytes}", target.implementation):
         if key in CPU_PRODUCTS:
             return key

@@ -7,7 +7,7 @@ and the k-split (compiler/schedule.py). Each function returns a list of kernels.
 import dataclasses
 
 from ..compiler import symbolic
-from ..compiler.schedule import cpu_products, kvec_form, large_form
+from ..compiler.schedule import PREFETCH_MIN, cpu_products, kvec_form, large_form
 from . import index
 from .base import kernel, out as written, round_up
 from .index import b, k, m, n
@@ -191,6 +191,8 @@ def _vector_gemm(ctx, step, consts, buffers, batch, groups=1):
         consts.update(form="nvec", V=vec, RM=RM, NV=RN, RN=RN * vec, MC=s.rows, KC=s.depth,
                       pack=bool(s.pack))
     consts["fma"] = cpu_products(ctx.target).fma
+    consts["prefetch"] = cpu_products(ctx.target).prefetch and consts["a_kfast"] and \
+        K * N >= PREFETCH_MIN and M <= s.rows
     gx, gy = -(-N // consts["RN"]), -(-M // s.rows)
     glob, local = s.cover(gx, gy, batch)
     return [kernel(step, "gemm_vec", consts, buffers, glob, local)]

@@ -1,0 +1,51 @@
+"""Runs the CPU products that prefetch their next panel of B (templates/gemm_vec.cl.j2's
+prefetch_slice: Intel's runtime at 64-byte vectors, forced here with KILNET_CPU_PRODUCTS) once
+on odd sizes; tests/test_oclgrind.py runs this under Oclgrind.
+
+The weights are just big enough to prefetch (schedule.PREFETCH_MIN elements): a forward in the
+k-vector form, and input and an input gradient in the n-vector form with k in chunks, with a last
+panel of B that is partly past the edge (weight gradients read activations, too few to prefetch). Oclgrind does not check a prefetch's address; the
+script asserts that each prefetching kernel computes its products right (a finite-difference
+check of dense in float64 is in test_gradients.py; here the results against NumPy).
+"""
+import os
+import sys
+
+import numpy as np
+
+import kilnet as kn
+from kilnet.compiler import schedule
+from kernel_check import KERNELS
+
+
+def run():
+    os.environ.update(KILNET_TARGET="cpu", KILNET_VECTOR_BYTES="64", KILNET_CPU_PRODUCTS="intel/64")
+    n_in, n_out, B = 520, 510, 13              # 520·510 ≥ PREFETCH_MIN; 520 = 16·32 + 8
+    assert n_in * n_out >= schedule.PREFETCH_MIN
+    g = kn.Graph("oclgrind_prefetch")
+    x = g.input("x", (n_in,))
+    g.output("y", kn.dense(kn.dense(x, n_out), n_in))
+    model = kn.compile(g, batch=B, loss="mse", dtype="float64", debug_buffers=True, poison=True)
+    pre = [k for k in model.kernels if "prefetch(" in model.plan.sources[k.kernel]]
+    assert {k.name for k in pre} == {"dense_1.forward", "dense_2.forward",
+                                     "dense_2.backward_input"}, [k.name for k in pre]
+    rng = np.random.default_rng(0)
+    feeds, targets = {"x": rng.standard_normal((B, n_in))}, {"y": rng.standard_normal((B, n_in))}
+    p = model.params
+    w0, b0, w1, b1 = (p[k] for k in ("dense_1.weight", "dense_1.bias", "dense_2.weight",
+                                     "dense_2.bias"))
+    h = feeds["x"] @ w0.T + b0
+    y = h @ w1.T + b1
+    np.testing.assert_allclose(model.forward(feeds)["y"], y, rtol=1e-10, atol=1e-10)
+    dy = 2 * (y - targets["y"]) / y.size
+    grads = model.gradients(feeds, targets)
+    np.testing.assert_allclose(grads["dense_2.weight"], dy.T @ h, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(grads["dense_1.weight"], (dy @ w1).T @ feeds["x"], rtol=1e-9,
+                               atol=1e-12)
+    KERNELS.update(k.kernel + model.plan.sources[k.kernel] for k in pre)
+
+
+if __name__ == "__main__":
+    run()
+    print("kernels run:", len(KERNELS))
+    sys.exit(0)
