@@ -156,3 +156,20 @@ def test_a_map_of_heavy_items_takes_groups_that_reach_every_unit(monkeypatch, tm
     assert la.global_size[0] == 2
     if select(None).max_compute_units >= 2:
         assert la.local_size[0] == 1
+
+
+def test_a_cpu_column_sum_takes_a_vector_of_columns_per_work_item():
+    """Bias gradients on CPUs: a work-item per vector of columns, in groups small enough for two
+    per compute unit; rows are cut into slices only where the columns give fewer groups than
+    units. (Their results: every bias gradient in test_gradients.py.)"""
+    t = Target("cpu", implementation="intel", compute_units=2, vector_bytes=64)
+
+    def column_sum(rows, cols):
+        s = t.schedule("column_sum", "p", "float", rows=rows, cols=cols)
+        return s.vector, s.local, s.split
+    assert column_sum(2048, 64) == (16, (1, 1), 1)        # W2's at batch 32: 4 work-items
+    assert column_sum(64, 1000) == (16, (8, 1), 1)        # W1's dense layers at batch 64
+    assert column_sum(4096, 16) == (16, (1, 1), 4)        # one work-item: 4 row slices
+    assert column_sum(100, 16) == (16, (1, 1), 1)         # ... unless the rows are few
+    gpu = Target("gpu", compute_units=2).schedule("column_sum", "p", "float", rows=2048, cols=64)
+    assert gpu.vector is None and gpu.local == (4, 16)     # lanes share rows

@@ -141,6 +141,11 @@ def round_up(n, m):
     return (n + m - 1) // m * m
 
 
+def pow2_at_most(n):
+    """The largest power of two <= n (n >= 1)."""
+    return 1 << (n.bit_length() - 1)
+
+
 def pow2_at_least(n, cap):
     p = 1
     while p < n and p < cap:

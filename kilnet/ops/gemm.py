@@ -210,16 +210,20 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
     LX, LY = s.local
     rs = -(-rows // s.split)
     split = -(-rows // rs)
-    consts = dict(R=rows, RS=rs, N=cols, LX=LX, LY=LY, NB=bias_period or cols)
+    NB = bias_period or cols
+    # vectors of V columns where lanes do not share rows (LY = 1) and no vector of a periodic
+    # bias wraps
+    V = s.vector if s.vector and LY == 1 and (NB == cols or NB % s.vector == 0) else 1
+    consts = dict(R=rows, RS=rs, N=cols, LX=LX, LY=LY, NB=NB, V=V)
+    items = round_up(-(-cols // V), LX)
     if split == 1:
         buffers = {"src": src, "out": out}
         epilogue(consts, buffers, accumulate, bias, act, z, dscale)
-        return [kernel(step, "column_sum", consts, buffers, (round_up(cols, LX), LY), s.local)]
+        return [kernel(step, "column_sum", consts, buffers, (items, LY), s.local)]
     partial = ctx.scratch(f"{step}.partial", split * cols)
     slices = {"src": src, "out": partial}
     epilogue(consts, slices, False, None, "none", None, None)
-    return [kernel(step, "column_sum", consts, slices, (round_up(cols, LX), LY, split),
-                   s.local + (1,))] + \
+    return [kernel(step, "column_sum", consts, slices, (items, LY, split), s.local + (1,))] + \
         column_sum(ctx, f"{step}_reduce", rows=split, cols=cols, src=partial, out=out,
                    accumulate=accumulate, bias=bias, bias_period=bias_period, act=act, z=z,
                    dscale=dscale)
