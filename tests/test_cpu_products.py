@@ -111,9 +111,14 @@ def test_a_pack_override_takes_the_other_forms_block(tmp_path):
         vec("q", 2048, 64, 512, False)
 
 
-def test_a_k_too_short_for_a_panel_takes_one_block_per_work_item():
-    assert gemm_vec("intel", 1000, 1000, False, K=1).rows == 6     # W1's dW at batch 1
-    assert gemm_vec("intel", 1000, 1000, False, K=16).rows == 66
+def test_a_product_to_fewer_columns_than_a_vector_takes_the_k_vector_form():
+    s = gemm_vec("intel", 32768, 1, True, K=64, vector_bytes=64)     # W3's head forward
+    assert (s.pack, s.block) == (False, (16, 1))
+    assert gemm_vec("intel", 32768, 16, True, K=64, vector_bytes=64).pack
+
+
+def test_outer_products_take_panels_too():
+    assert gemm_vec("intel", 1000, 1000, False, K=1).rows == 66    # W1's dW at batch 1
 
 
 def test_a_family_entry_leaves_out_what_a_launch_form_has_no_use_for(tmp_path):

@@ -58,10 +58,11 @@ HEAVY_GROUPS = 1
 PANEL_ROWS = 64
 PACKED_PANEL_ROWS = 256
 KC = 128
-# ... unless k is shorter than PANEL_MIN_K: W1's weight gradients at batch 1 (k = 1, outer
-# products that only write 4 MB each) ran 1.3-1.4x slower in panels of 66 rows than one
-# block of 6 per work-item.
-PANEL_MIN_K = 16
+# Outer products (k = 1) take panels too. They had taken one block of 6 rows per work-item,
+# when W1's weight gradients at batch 1 ran 1.3-1.4x slower in panels of 66 rows (2-core Zen 3,
+# before the vector stores of gemm_vec.cl.j2's store_block). On a Zen 5 with Intel's runtime
+# (in-process A/B, medians of 10×5 profiled calls), panels took 0.86-0.96x the time there and
+# 0.74-0.75x on W3's head input gradient (32768 × 64).
 # Products whose operands both run along k take the k-vector form, unless k is at most PACK_K:
 # its lanes' sums and each output's store then cost too much against K/V vector products, and
 # the n-vector form over B packed per panel runs faster (2048×64 by 64: 93 vs 127-140 GFLOP/s,
@@ -77,7 +78,10 @@ PACK_K = 128
 # (16-float vectors): its 64×64 by 64 and 64×128 by 64 products got panels of 18 rows, and
 # `kilnet tune` found them 1.4-2.3x faster unpacked. In-process A/B against no minimum (medians
 # of 40): W2's forward at batch 1 0.84x the time, its train step 0.92x; W2 b32, W1 b1 and b64,
-# W3 b16 0.99x. 64 against 32: level (0.97-1.02x).
+# W3 b16 0.99x. 64 against 32: level (0.97-1.02x). Nor where B has fewer columns than a
+# vector: W3's head forward (32768 rows by 1 column, k = 64) packed its one column into panels of
+# 16; in the k-vector form, with a block of 16 rows by that column (vec_block), it took 0.57x
+# the time (in-process A/B, 2-core Zen 5, medians of 10×5 profiled steps).
 PACK_MIN_ROWS = 32
 # An n-vector block that would compute more than PAD_WASTE times the product's outputs (the
 # edges of a small M or N) gives way to the block of as many accumulators (or 8×1) that computes
@@ -344,7 +348,7 @@ def policy(target, kind, dtype="float", **shape):
             s = Schedule(block=vec_block(target, shape, pack, V), vector=V,
                          pack=pack if shape["kvec"] else None)
             s = vec_panel(target, shape, s if kvec_form(shape, s) else small_panel(shape, s))
-            if not pack or s.rows >= PACK_MIN_ROWS:
+            if not pack or (s.rows >= PACK_MIN_ROWS and shape["N"] >= V):
                 return s
     if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
         #                          queries of a head): a power of two up to GROUP_LANES
@@ -411,6 +415,8 @@ def vec_block(target, shape, pack, V):
         RM, RN = cpu.kvec
         if M < RM:                     # a row repeated past the edge is wasted work
             RM, RN = M, RM * RN // M
+        elif N < RN:                   # ... and so is a column
+            RM, RN = RM * RN // N, N
         return RM, RN
     RM, NV = BATCHED_NVEC if shape.get("batch", 1) > 1 and shape["kvec"] else cpu.nvec
     return min(RM, M), min(NV, -(-N // V))
@@ -450,11 +456,8 @@ def entries(shape):
 def panel_rows(shape, kvec, block, V, units, pack=False):
     """MC for a CPU gemm: all rows up to PANEL_ROWS (PACKED_PANEL_ROWS where B is packed per
     panel), in whole blocks, halved while the launch (over all its batch entries) would give
-    each compute unit fewer than 4 work-items; one block where k is too short for a panel to be
-    worth reusing."""
+    each compute unit fewer than 4 work-items."""
     RM, M = block[0], shape["M"]
-    if shape["K"] < PANEL_MIN_K:
-        return RM
     MC = RM * -(-min(M, PACKED_PANEL_ROWS if pack else PANEL_ROWS) // RM)
     others = panel_columns(shape, kvec, block, V) * entries(shape)
     while MC > RM and others * -(-M // MC) < 4 * units:
