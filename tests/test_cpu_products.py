@@ -71,9 +71,10 @@ def test_groups_shrink_to_the_launch(monkeypatch):
 
 
 def test_every_unit_gets_a_group():
-    # W2's 64×64 by 256 product at batch 1: 16 work-items of 4 columns had been one group of 16
-    assert gemm_vec("intel", 64, 64, True, K=256).local == (8, 1, 1)
-    assert gemm_vec("intel", 64, 64, True, K=256, batch=2).local == (16, 1, 1)
+    # a 64×64 product in the k-vector form (W2's by 256 at batch 1, before it was packed): 16
+    # work-items of 4 columns had been one group of 16
+    assert gemm_vec("intel", 64, 64, True, K=512).local == (8, 1, 1)
+    assert gemm_vec("intel", 64, 64, True, K=512, batch=2).local == (16, 1, 1)
 
 
 def test_a_short_k_packs_b_and_takes_the_n_vector_form():

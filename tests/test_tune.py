@@ -24,7 +24,7 @@ import kilnet as kn
 
 def build_model():
     g = kn.Graph("tunable")
-    h = kn.dense(g.input("x", (256,)), 256, activation="tanh")
+    h = kn.dense(g.input("x", (384,)), 256, activation="tanh")
     g.output("y", kn.dense(h, 10))
     return kn.compile(g, batch=32, optimizer=kn.Adam(), loss="mse", seed=1)
 """
@@ -33,14 +33,14 @@ LAUNCH = "dense_1.forward"
 
 def build(batch=32):
     g = kn.Graph("tunable")
-    h = kn.dense(g.input("x", (256,)), 256, activation="tanh")
+    h = kn.dense(g.input("x", (384,)), 256, activation="tanh")
     g.output("y", kn.dense(h, 10))
     return kn.compile(g, batch=batch, optimizer=kn.Adam(), loss="mse", seed=1)
 
 
 def data(batch=32):
     rng = np.random.default_rng(5)
-    return {"x": rng.standard_normal((batch, 256))}, {"y": rng.standard_normal((batch, 10))}
+    return {"x": rng.standard_normal((batch, 384))}, {"y": rng.standard_normal((batch, 10))}
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_tuned_table_is_read_by_a_fresh_compile_and_keeps_results(table, slow_po
     result = tune.tune(before, budget=60, only=LAUNCH)
     [row] = result.rows
     assert row.best == {"block": [4, 4]} and row.speedup > 1 + row.noise, result.report()
-    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "K": 256, "batch": 1,
+    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "K": 384, "batch": 1,
                                                "kvec": True})
     assert result.path == str(table) and list(result.entries) == [key]
     assert sched.load_table(str(table))[key] == sched.Schedule(block=(4, 4))
@@ -317,7 +317,7 @@ def test_an_entry_the_policy_now_beats_is_removed_and_others_kept(table, monkeyp
     work-item, groups of one): the policy wins, so the launch's old entry goes; the rest of the
     table stays."""
     model = build()
-    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "K": 256, "batch": 1,
+    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "K": 384, "batch": 1,
                                                "kvec": True})
     table.parent.mkdir(parents=True)
     table.write_text(json.dumps({key: {"block": [1, 1]}, "other.forward": {"local": [8]}}))

@@ -71,8 +71,11 @@ KC = 128
 # faster, its K = 128 one 0.91x; W1's K = 96 conv forwards (all B·34 rows by 32 filters) ran
 # 0.80-0.82x the time packed at batch 256, 0.96-0.98x at batch 64. Once packed panels ran 256
 # rows (PACKED_PANEL_ROWS), W2's K = 128 product was faster packed too: 0.84x the time at batch
-# 32, 0.74x at batch 1 (in-process A/B, medians of 20); its K = 256 one only 0.88-0.98x.
-PACK_K = 128
+# 32, 0.74x at batch 1 (in-process A/B, medians of 20); its K = 256 one only 0.88-0.98x. Once
+# the panel was packed in register transposes (gemm_vec.cl.j2's transpose_block), that K = 256
+# product (W2's conv1d_2 forward at batch 32) took 0.75-0.79x the time packed (2-core Zen 5,
+# Intel's runtime, medians of 8×5 profiled steps); no other product of W1-W3 has 128 < K <= 256.
+PACK_K = 256
 # ... and only where a work-item's panel has PACK_MIN_ROWS rows or more to pay for the packing
 # (each work-item transposes its panel of B element by element). W2 at batch 1 on a Zen 5
 # (16-float vectors): its 64×64 by 64 and 64×128 by 64 products got panels of 18 rows, and
