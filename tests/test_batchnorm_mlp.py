@@ -35,7 +35,10 @@ def test_both_optimizers_learn(report):
         assert all(math.isfinite(v) for v in run["losses"])
         falls = {"sgd": 0.9, "adam": 0.6}[name]          # Adam is the faster of the two here
         assert run["epoch_losses"][-1] < falls * run["epoch_losses"][0], (name, run["epoch_losses"])
-        assert run["test_accuracy"] > 0.6, (name, run["test_accuracy"])    # chance: 1/3
+        # Chance is 1/3. Held-out accuracy over seeds 0-5: SGD 0.56-0.73, Adam 0.81-0.86; SGD's
+        # seed 0 moved from 0.65 to 0.59 when the bias gradients' sums changed order (stop 26)
+        least = {"sgd": 0.5, "adam": 0.75}[name]
+        assert run["test_accuracy"] > least, (name, run["test_accuracy"])
     assert report["runs"]["sgd"]["model"].optimizer.__class__.__name__ == "SGD"
     assert report["runs"]["adam"]["model"].optimizer.__class__.__name__ == "Adam"
 
