@@ -77,7 +77,7 @@ KC = 128
 # Intel's runtime, medians of 8×5 profiled steps); no other product of W1-W3 has 128 < K <= 256.
 PACK_K = 256
 # ... and only where a work-item's panel has PACK_MIN_ROWS rows or more to pay for the packing
-# (each work-item transposes its panel of B element by element). W2 at batch 1 on a Zen 5
+# (each work-item transposes its panel of B). W2 at batch 1 on a Zen 5
 # (16-float vectors): its 64×64 by 64 and 64×128 by 64 products got panels of 18 rows, and
 # `kilnet tune` found them 1.4-2.3x faster unpacked. In-process A/B against no minimum (medians
 # of 40): W2's forward at batch 1 0.84x the time, its train step 0.92x; W2 b32, W1 b1 and b64,
