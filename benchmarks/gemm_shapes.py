@@ -86,10 +86,18 @@ def errors(model, shape, rng):
                rel(g["mm.weight"][:, cols], dz.T @ x64[:, cols]))
 
 
-def time_launches(model, launches, reps):
+def time_launches(model, launches, reps, warm=0.25):
+    """Seconds per run of ``launches``: the median of 5 timings of ``reps`` runs, after ``warm``
+    seconds of them. On the 2-core Zen 5 VM the first ~0.1 s of work after the model's checks
+    ran 1.5-1.7x slower (W1-b64-dense1's forward 0.62-0.63 ms, then 0.37-0.41), and the
+    forward, timed first, had been measured in it."""
     run, finish = model._exec.run, model._exec.finish
-    run(launches)
-    finish()
+    t0 = time.perf_counter()
+    while True:
+        run(launches * reps)
+        finish()
+        if time.perf_counter() - t0 >= warm:
+            break
     ts = []
     for _ in range(5):
         t0 = time.perf_counter()
@@ -121,7 +129,11 @@ def torch_times(torch, shape, reps, dev):
            "backward_weight": lambda: torch.matmul(dy.T, x)}
     out = {}
     for p, f in fns.items():
-        f()
+        t0 = time.perf_counter()       # warm for as long as time_launches does
+        while time.perf_counter() - t0 < 0.25:
+            f()
+            if dev != "cpu":
+                torch.cuda.synchronize()
         ts = []
         for _ in range(5):
             if dev == "cpu":
