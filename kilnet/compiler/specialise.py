@@ -8,7 +8,7 @@ import re
 
 import jinja2
 
-from ..ops.base import TEMPLATES
+from ..ops.base import TEMPLATES, vector_pieces, widest_vector
 
 
 def _op_template(name):
@@ -20,6 +20,7 @@ _env = jinja2.Environment(loader=jinja2.ChoiceLoader([jinja2.PackageLoader("kiln
                                                       jinja2.FunctionLoader(_op_template)]),
                           undefined=jinja2.StrictUndefined, trim_blocks=False,
                           keep_trailing_newline=True)
+_env.globals.update(vector_pieces=vector_pieces, widest_vector=widest_vector)
 
 PLACEHOLDER = "__KILNET_KERNEL__"
 

@@ -190,9 +190,10 @@ def _vector_gemm(ctx, step, consts, buffers, batch, groups=1):
     else:
         consts.update(form="nvec", V=vec, RM=RM, NV=RN, RN=RN * vec, MC=s.rows, KC=s.depth,
                       pack=bool(s.pack))
-    consts["fma"] = cpu_products(ctx.target).fma
-    consts["prefetch"] = cpu_products(ctx.target).prefetch and consts["a_kfast"] and \
-        K * N >= PREFETCH_MIN and M <= s.rows
+    cpu = cpu_products(ctx.target)
+    consts["fma"] = cpu.fma
+    consts["prefetch"] = cpu.prefetch and consts["a_kfast"] and K * N >= PREFETCH_MIN and \
+        M <= s.rows
     gx, gy = -(-N // consts["RN"]), -(-M // s.rows)
     glob, local = s.cover(gx, gy, batch)
     return [kernel(step, "gemm_vec", consts, buffers, glob, local)]

@@ -32,11 +32,10 @@ from ..compiler import symbolic
 from ..graph import graph_of
 from .activation import scale_by_derivative
 from .base import (GraphError, Op, Param, int_attr, keeps_preactivation, kernel, need, out,
-                   pow2_at_least, register, vector_width)
+                   pow2_at_least, register, vector_width, widest_vector)
 
 KT = 8                # taps per parameter-gradient unit (longer windows are cut into chunks)
 CPU_CHUNK = 4         # positions (forward) or steps (input gradient) per CPU work-item
-FILTER_VECTORS = (16, 8, 4, 2, 1)   # a CPU work-item's filters as one vector: the widest dividing F
 
 
 def multi_window_conv(x, windows, filters, step=1, activation=None, name=None):
@@ -97,7 +96,7 @@ class MultiWindowConv(Op):
                  S=a["step"], wins=wins, WT=toff)
         if c["form"] == "cpu":
             vmax = vector_width(ctx.target, ctx.dtype)
-            c["V"] = next(v for v in FILTER_VECTORS if v <= vmax and F % v == 0)
+            c["V"] = widest_vector(F, vmax)    # a CPU work-item's filters as one vector
             c["ctype"] = ctx.dtype
         return c
 
