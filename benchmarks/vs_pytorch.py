@@ -38,7 +38,11 @@ reports follow the table.
 
 ``--per-kernel`` prints, for each train step, every launch's device time (profiling events,
 median of 5), its global and local sizes and work-groups per compute unit, and for the products
-their GFLOP/s and % of the device's FMA peak as measured by benchmarks/fma_peak.py.
+their GFLOP/s and % of the device's FMA peak as measured by benchmarks/fma_peak.py, in the step
+alone ``warm`` (run WARM_RUNS times back to back: its operands in the caches as far as they
+fit) and alone ``cold`` (right after a kernel wrote COLD_BYTES elsewhere: its operands and outputs
+in memory). A product slow in the step, near its cold rate and fast warm waits on memory, not
+on its kernel.
 
 ``host ms`` is the time until a step's enqueues return (for PyTorch eager on CUDA, its whole
 Python launch path), measured over separate calls. ``floor ms`` is the least time the device
@@ -550,6 +554,41 @@ def kernel_flops(plan, request, launch):
     return 2.0 * M * N * K * (1 if split else launch.global_size[2])
 
 
+WARM_RUNS = 10
+
+
+def warm_seconds(executor, name, rounds=5):
+    """Device seconds of one launch alone and warm: the median over ``rounds`` of WARM_RUNS runs
+    back to back (the first start to the last end, divided by WARM_RUNS)."""
+    timing.run_timed(executor, [name] * WARM_RUNS)
+    return statistics.median(timing.run_timed(executor, [name] * WARM_RUNS) / WARM_RUNS
+                             for _ in range(rounds))
+
+
+COLD_BYTES = 256 << 20         # 8x the largest last-level cache of the machines measured (32 MB)
+_evict = {}
+
+
+def cold_seconds(executor, name, rounds=5):
+    """Device seconds of one launch alone and cold: the median over ``rounds`` of one run each,
+    enqueued right after a kernel that wrote COLD_BYTES of a buffer of its own."""
+    import pyopencl as cl
+    key = executor.ctx.int_ptr
+    if key not in _evict:
+        buf = cl.Buffer(executor.ctx, cl.mem_flags.READ_WRITE, COLD_BYTES)
+        prg = cl.Program(executor.ctx, "__kernel void evict(__global float4* x) "
+                         "{ x[get_global_id(0)] = (float4)(get_global_id(0)); }").build()
+        _evict[key] = (prg.evict, buf)
+    kernel, buf = _evict[key]
+    kernel.set_args(buf)
+    queue = timing.profiling_queue(executor)
+    out = []
+    for _ in range(rounds):
+        cl.enqueue_nd_range_kernel(queue, kernel, (COLD_BYTES // 16,), None)
+        out.append(timing.run_timed(executor, [name]))
+    return statistics.median(out)
+
+
 def per_kernel(title, model, feeds, targets, o):
     """Every launch of a train step, slowest first: device ms, sizes, work-groups per compute
     unit, and for products GFLOP/s and % of the measured FMA peak."""
@@ -575,7 +614,9 @@ def per_kernel(title, model, feeds, targets, o):
             if la.local_size else None
         flops = kernel_flops(plan, req, la) if req and req.kind in PRODUCTS and \
             la.name == req.name else None
-        rows.append((t, la, req.kind if req else "-", groups, flops))
+        warm, cold = (warm_seconds(model._exec, la.name), cold_seconds(model._exec, la.name)) \
+            if flops else (None, None)
+        rows.append((t, la, req.kind if req else "-", groups, flops, warm, cold))
     total = sum(r[0] for r in rows)
     prod = [r for r in rows if r[4]]
     pt, pf = sum(r[0] for r in prod), sum(r[4] for r in prod)
@@ -583,12 +624,14 @@ def per_kernel(title, model, feeds, targets, o):
           f"{pt * 1e3:.3f} ms ({pt / total:.0%}) at {pf / pt / 1e9:.1f} GFLOP/s = "
           f"{pf / pt / 1e9 / o.fma_peak:.0%} of the FMA peak" if prod else
           f"{title}: {len(rows)} launches, {total * 1e3:.3f} ms device time", file=sys.stderr)
-    print(f"  {'ms':>9} {'share':>6} {'GFLOP/s':>8} {'% peak':>7} {'wg/CU':>7}  {'family':10} "
-          f"{'global':16} {'local':12} launch", file=sys.stderr)
-    for t, la, kind, groups, flops in sorted(rows, key=lambda r: -r[0]):
+    print(f"  {'ms':>9} {'share':>6} {'GFLOP/s':>8} {'% peak':>7} {'warm %':>7} {'cold %':>7} "
+          f"{'wg/CU':>7}  {'family':10} {'global':16} {'local':12} launch", file=sys.stderr)
+    for t, la, kind, groups, flops, warm, cold in sorted(rows, key=lambda r: -r[0]):
         rate = flops / t / 1e9 if flops else None
         print(f"  {t * 1e3:9.3f} {t / total:6.1%} {fmt(rate, '.1f'):>8} "
               f"{fmt(rate and rate / o.fma_peak, '.0%'):>7} "
+              f"{fmt(warm and flops / warm / 1e9 / o.fma_peak, '.0%'):>7} "
+              f"{fmt(cold and flops / cold / 1e9 / o.fma_peak, '.0%'):>7} "
               f"{fmt(groups and groups / units, '.1f'):>7}  {kind:10} "
               f"{'x'.join(map(str, la.global_size)):16} "
               f"{'x'.join(map(str, la.local_size)) if la.local_size else '-':12} {la.name}",

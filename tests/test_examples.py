@@ -100,3 +100,32 @@ def test_benchmark_measures_each_configuration(capsys):
         assert r["samples_s"] == pytest.approx(r["batch"] / r["median_ms"] * 1e3)
     assert "per launch" in out and "optimizer.update" in out and "dense_1.backward_input" in out
     assert "dense_1.weight.update" in out      # batch 2: the update forms the weight gradient
+
+
+def test_vs_pytorch_per_kernel_rates_products_in_the_step_and_warm(capsys):
+    """--per-kernel's product rows: FLOPs read from the rendered kernel (2·M·N·K), a rate in the
+    step, alone and warm, and alone and cold; rows of other launches have none."""
+    vs = load(os.path.join(ROOT, "benchmarks", "vs_pytorch.py"), "bench_vs_pytorch")
+    import numpy as np
+    import kilnet as kn
+    g = kn.Graph("pk")
+    g.output("y", kn.dense(g.input("x", (301,)), 257, name="d"))
+    model = kn.compile(g, batch=64, loss="mse", optimizer=kn.Adam(lr=1e-3), seed=0)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((64, 301)).astype(np.float32)}
+    targets = {"y": rng.standard_normal((64, 257)).astype(np.float32)}
+
+    class Options:
+        fma_peak = 1000.0                    # GFLOP/s: given, so that nothing measures it
+    vs.per_kernel("pk", model, feeds, targets, Options())
+    rows = {}
+    for line in capsys.readouterr().err.splitlines()[2:]:
+        f = line.split()
+        rows[f[-1]] = f
+    assert "d.forward" in rows and "optimizer.update" in rows
+    fwd = rows["d.forward"]
+    ms, rate, pcts = float(fwd[0]), float(fwd[2]), fwd[3:6]
+    assert rate == pytest.approx(2 * 64 * 257 * 301 / (ms * 1e-3) / 1e9, rel=0.02)
+    assert float(pcts[0][:-1]) == pytest.approx(rate / 10, abs=0.5)       # of 1000 GFLOP/s
+    assert all(p.endswith("%") and float(p[:-1]) > 0 for p in pcts)
+    assert rows["optimizer.update"][2:6] == ["-", "-", "-", "-"]
