@@ -7,7 +7,12 @@ k-vector form, and input and an input gradient in the n-vector form with k in ch
 panel of B that is partly past the edge (weight gradients read activations, too few to prefetch). Oclgrind does not check a prefetch's address; the
 script asserts that each prefetching kernel computes its products right (a finite-difference
 check of dense in float64 is in test_gradients.py; here the results against NumPy).
+
+Then attention's batched products whose A runs along m, at the least batch where they prefetch
+each k-chunk of A (ops/gemm.py's prefetch_a): the gradients against those of the same model
+with the entry's prefetches off (the same blocks, so the same sums).
 """
+import dataclasses
 import os
 import sys
 
@@ -43,6 +48,32 @@ def run():
     np.testing.assert_allclose(grads["dense_1.weight"], (dy @ w1).T @ feeds["x"], rtol=1e-9,
                                atol=1e-12)
     KERNELS.update(k.kernel + model.plan.sources[k.kernel] for k in pre)
+    attention()
+
+
+def attention(U=9, heads=2, key_dim=3):
+    # the least batch whose Pᵀ·dO (batch·heads products of U × 2U) prefetches
+    batch = -(-schedule.PREFETCH_MIN // (heads * U * 2 * U))
+    g = kn.Graph("oclgrind_prefetch_a")
+    g.output("y", kn.graph_attention(g.input("x", (U, 4)), heads, key_dim, name="att"))
+    entry = schedule.CPU_PRODUCTS["intel/64"]
+    models = []
+    for prefetch in (True, False):
+        schedule.CPU_PRODUCTS["intel/64"] = dataclasses.replace(entry, prefetch=prefetch)
+        try:
+            models.append(kn.compile(g, batch=batch, loss="mse", dtype="float64", seed=0,
+                                     debug_buffers=True, poison=True))
+        finally:
+            schedule.CPU_PRODUCTS["intel/64"] = entry
+    pre = [k for k in models[0].kernels if "prefetch(a + A_IDX(" in models[0].plan.sources[k.kernel]]
+    assert {k.name for k in pre} == {"att.backward_v"}, [k.name for k in pre]
+    rng = np.random.default_rng(1)
+    feeds, targets = {"x": rng.standard_normal((batch, U, 4))}, \
+        {"y": rng.standard_normal((batch, U, 4))}
+    got, want = (m.gradients(feeds, targets) for m in models)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-12, atol=1e-14, err_msg=name)
+    KERNELS.update(k.kernel + models[0].plan.sources[k.kernel] for k in pre)
 
 
 if __name__ == "__main__":

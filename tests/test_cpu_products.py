@@ -353,3 +353,32 @@ def test_products_that_read_a_big_weight_once_prefetch_its_next_panel(monkeypatc
     monkeypatch.setenv("KILNET_CPU_PRODUCTS", "intel/48")
     with pytest.raises(kn.CompileError, match="KILNET_CPU_PRODUCTS must be one of .*got 'intel/48'"):
         prefetching("intel/48", 64)
+
+
+def test_batched_products_with_a_along_m_from_memory_prefetch_each_chunk_of_a(monkeypatch,
+                                                                               tmp_path):
+    """Where CPU_PRODUCTS prefetch, attention's batched products whose A runs along m (Pᵀ·dO and
+    dSᵀ·Q) ask for each k-chunk's lines of A as it starts, once A holds PREFETCH_MIN elements over
+    the launch; not below, nor the products whose A runs along k, nor without the entry. Intel's
+    runtime takes clang's prefetch, others (Oclgrind: no llvm.prefetch) OpenCL's. (That they stay
+    right: tests/oclgrind_prefetch.py.)"""
+    monkeypatch.setenv("KILNET_TARGET", "cpu")
+    monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
+    monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
+    U, heads = 33, 2
+
+    def chunk_prefetches(products, batch):
+        monkeypatch.setenv("KILNET_CPU_PRODUCTS", products)
+        g = kn.Graph("prefetch_a")
+        g.output("y", kn.graph_attention(g.input("x", (U, 24)), heads, 5, name="att"))
+        m = kn.compile(g, batch=batch, loss="mse")
+        line = "__builtin_prefetch(a + A_IDX(" if m.plan.target.implementation == "intel" \
+            else "prefetch(a + A_IDX("
+        return {k.name for k in m.kernels if line in m.plan.sources[k.kernel]}
+    # A over the launch: Pᵀ·dO's batch·heads products of U × 2U (both score sets), dSᵀ·Q's U × U
+    v_min = -(-schedule.PREFETCH_MIN // (heads * U * 2 * U))
+    k_min = -(-schedule.PREFETCH_MIN // (heads * U * U))
+    assert chunk_prefetches("intel/64", v_min - 1) == set()
+    assert chunk_prefetches("intel/64", v_min) == {"att.backward_v"}
+    assert chunk_prefetches("intel/64", k_min) == {"att.backward_v", "att.backward_k"}
+    assert chunk_prefetches("intel", k_min) == set()

@@ -118,6 +118,16 @@ BATCHED_NVEC = (4, 2)
 # took 1.04-1.10x the time, W2's conv1d_2 weight gradient at batch 32 (B an activation) 1.10x,
 # W1's conv weight gradients (B of 32 × 2304) 1.43x.
 PREFETCH_MIN = 1 << 18
+# With the same entries, batched products whose A runs along m (attention's Pᵀ·dO and dSᵀ·Q: B·H
+# products of 64 × 16 by k = 128 or 64, a line of A per k) ask for each k-chunk's lines of A's
+# rows and of the panel as the chunk starts, where A holds PREFETCH_MIN elements or more over
+# the launch (in a step it comes from memory). In-process A/B on W2's train step at batch 32
+# (2-core Zen 5, Intel's runtime, medians of 12×5 profiled steps, two runs): Pᵀ·dO took
+# 0.85-0.88x the time, dSᵀ·Q 0.90-0.94x; alone and warm 0.96-1.05x. At batch 1 (4 products, in
+# the caches) 1.03-1.07x, hence the minimum. W2's weight gradients (A along m, one product each)
+# went 0.89-1.10x, so they do not. On Intel's runtime the prefetches are clang's
+# __builtin_prefetch: OpenCL's prefetch(p, 1) made these products 1.12-1.98x slower alone and
+# warm. Oclgrind knows no llvm.prefetch, so other implementations take OpenCL's.
 
 
 @dataclass(frozen=True)

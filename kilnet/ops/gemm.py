@@ -194,6 +194,9 @@ def _vector_gemm(ctx, step, consts, buffers, batch, groups=1):
     consts["fma"] = cpu.fma
     consts["prefetch"] = cpu.prefetch and consts["a_kfast"] and K * N >= PREFETCH_MIN and \
         M <= s.rows
+    consts["prefetch_a"] = cpu.prefetch and not consts["a_kfast"] and groups == 1 and \
+        batch > 1 and batch * M * K >= PREFETCH_MIN
+    consts["clang_prefetch"] = ctx.target.implementation == "intel"
     gx, gy = -(-N // consts["RN"]), -(-M // s.rows)
     glob, local = s.cover(gx, gy, batch)
     return [kernel(step, "gemm_vec", consts, buffers, glob, local)]
