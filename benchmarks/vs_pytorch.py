@@ -38,7 +38,7 @@ reports follow the table.
 
 ``--per-kernel`` prints, for each train step, every launch's device time (profiling events,
 median of 5), its global and local sizes and work-groups per compute unit, and for the products
-their GFLOP/s and % of the device's FMA peak as measured by benchmarks/fma_peak.py, in the step
+their GFLOP/s and % of the device's FMA peak as measured by benchmarks/fma_peak.py: in the step,
 alone ``warm`` (run WARM_RUNS times back to back: its operands in the caches as far as they
 fit) and alone ``cold`` (right after a kernel wrote COLD_BYTES elsewhere: its operands and outputs
 in memory). A product slow in the step, near its cold rate and fast warm waits on memory, not
@@ -591,7 +591,7 @@ def cold_seconds(executor, name, rounds=5):
 
 def per_kernel(title, model, feeds, targets, o):
     """Every launch of a train step, slowest first: device ms, sizes, work-groups per compute
-    unit, and for products GFLOP/s and % of the measured FMA peak."""
+    unit, and for products GFLOP/s and % of the measured FMA peak (in the step, warm, cold)."""
     if o.fma_peak is None:
         o.fma_peak, best, _ = fma_peak.measure(model.device)
         print(f"measured FMA peak (benchmarks/fma_peak.py, {best}): {o.fma_peak:.1f} GFLOP/s",
