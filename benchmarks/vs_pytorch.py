@@ -42,7 +42,9 @@ their GFLOP/s and % of the device's FMA peak as measured by benchmarks/fma_peak.
 alone ``warm`` (run WARM_RUNS times back to back: its operands in the caches as far as they
 fit) and alone ``cold`` (right after a kernel wrote COLD_BYTES elsewhere: its operands and outputs
 in memory). A product slow in the step, near its cold rate and fast warm waits on memory, not
-on its kernel.
+on its kernel. A last line counts the products with M >= 64 (issue 12's target: each at 70 % of
+the peak or more): those that reach it in the step, those below it there but not warm, and those
+below it warm too.
 
 ``host ms`` is the time until a step's enqueues return (for PyTorch eager on CUDA, its whole
 Python launch path), measured over separate calls. ``floor ms`` is the least time the device
@@ -61,6 +63,7 @@ import statistics
 import sys
 import time
 
+import collections
 import contextlib
 import re
 import tempfile
@@ -555,6 +558,8 @@ def kernel_flops(plan, request, launch):
 
 
 WARM_RUNS = 10
+TARGET_M, TARGET_SHARE = 64, 0.70     # issue 12: product launches with M >= 64 at 70 % of the peak
+Row = collections.namedtuple("Row", "seconds launch kind groups flops warm cold M")
 
 
 def warm_seconds(executor, name, rounds=5):
@@ -616,25 +621,38 @@ def per_kernel(title, model, feeds, targets, o):
             la.name == req.name else None
         warm, cold = (warm_seconds(model._exec, la.name), cold_seconds(model._exec, la.name)) \
             if flops else (None, None)
-        rows.append((t, la, req.kind if req else "-", groups, flops, warm, cold))
-    total = sum(r[0] for r in rows)
-    prod = [r for r in rows if r[4]]
-    pt, pf = sum(r[0] for r in prod), sum(r[4] for r in prod)
+        rows.append(Row(t, la, req.kind if req else "-", groups, flops, warm, cold,
+                        req.shape.get("M") if flops else None))
+    total = sum(r.seconds for r in rows)
+    prod = [r for r in rows if r.flops]
+    pt, pf = sum(r.seconds for r in prod), sum(r.flops for r in prod)
     print(f"{title}: {len(rows)} launches, {total * 1e3:.3f} ms device time; products "
           f"{pt * 1e3:.3f} ms ({pt / total:.0%}) at {pf / pt / 1e9:.1f} GFLOP/s = "
           f"{pf / pt / 1e9 / o.fma_peak:.0%} of the FMA peak" if prod else
           f"{title}: {len(rows)} launches, {total * 1e3:.3f} ms device time", file=sys.stderr)
     print(f"  {'ms':>9} {'share':>6} {'GFLOP/s':>8} {'% peak':>7} {'warm %':>7} {'cold %':>7} "
           f"{'wg/CU':>7}  {'family':10} {'global':16} {'local':12} launch", file=sys.stderr)
-    for t, la, kind, groups, flops, warm, cold in sorted(rows, key=lambda r: -r[0]):
-        rate = flops / t / 1e9 if flops else None
-        print(f"  {t * 1e3:9.3f} {t / total:6.1%} {fmt(rate, '.1f'):>8} "
-              f"{fmt(rate and rate / o.fma_peak, '.0%'):>7} "
-              f"{fmt(warm and flops / warm / 1e9 / o.fma_peak, '.0%'):>7} "
-              f"{fmt(cold and flops / cold / 1e9 / o.fma_peak, '.0%'):>7} "
-              f"{fmt(groups and groups / units, '.1f'):>7}  {kind:10} "
+
+    def share(r, seconds):
+        return r.flops / seconds / 1e9 / o.fma_peak if r.flops and seconds else None
+    for r in sorted(rows, key=lambda r: -r.seconds):
+        la = r.launch
+        print(f"  {r.seconds * 1e3:9.3f} {r.seconds / total:6.1%} "
+              f"{fmt(r.flops and r.flops / r.seconds / 1e9, '.1f'):>8} "
+              f"{fmt(share(r, r.seconds), '.0%'):>7} {fmt(share(r, r.warm), '.0%'):>7} "
+              f"{fmt(share(r, r.cold), '.0%'):>7} "
+              f"{fmt(r.groups and r.groups / units, '.1f'):>7}  {r.kind:10} "
               f"{'x'.join(map(str, la.global_size)):16} "
               f"{'x'.join(map(str, la.local_size)) if la.local_size else '-':12} {la.name}",
+              file=sys.stderr)
+    # issue 12's target: every product launch with M >= 64 at 70 % of the peak or more
+    big = [r for r in prod if r.M >= TARGET_M]
+    fast = [r for r in big if share(r, r.seconds) >= TARGET_SHARE]
+    memory = [r for r in big if r not in fast and share(r, r.warm) >= TARGET_SHARE]
+    if big:
+        print(f"  products with M >= {TARGET_M}: {len(big)}; at >= {TARGET_SHARE:.0%} of the peak "
+              f"in the step: {len(fast)}; below in the step but not warm (waiting on memory): "
+              f"{len(memory)}; below warm too: {len(big) - len(fast) - len(memory)}",
               file=sys.stderr)
 
 

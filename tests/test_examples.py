@@ -3,6 +3,7 @@ report what they did; their command lines reject bad settings."""
 import importlib.util
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -118,10 +119,12 @@ def test_vs_pytorch_per_kernel_rates_products_in_the_step_and_warm(capsys):
     class Options:
         fma_peak = 1000.0                    # GFLOP/s: given, so that nothing measures it
     vs.per_kernel("pk", model, feeds, targets, Options())
-    rows = {}
-    for line in capsys.readouterr().err.splitlines()[2:]:
-        f = line.split()
-        rows[f[-1]] = f
+    lines = capsys.readouterr().err.splitlines()
+    rows = {f[-1]: f for f in map(str.split, lines[2:-1])}
+    summary = re.fullmatch(r"  products with M >= 64: 2; at >= 70% of the peak in the step: (\d+); "
+                           r"below in the step but not warm \(waiting on memory\): (\d+); "
+                           r"below warm too: (\d+)", lines[-1])
+    assert summary and sum(map(int, summary.groups())) == 2, lines[-1]   # forward, weight grad.
     assert "d.forward" in rows and "optimizer.update" in rows
     fwd = rows["d.forward"]
     ms, rate, pcts = float(fwd[0]), float(fwd[2]), fwd[3:6]
