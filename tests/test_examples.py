@@ -118,13 +118,21 @@ def test_vs_pytorch_per_kernel_rates_products_in_the_step_and_warm(capsys):
 
     class Options:
         fma_peak = 1000.0                    # GFLOP/s: given, so that nothing measures it
-    vs.per_kernel("pk", model, feeds, targets, Options())
-    lines = capsys.readouterr().err.splitlines()
+
+    def run(peak):
+        Options.fma_peak = peak
+        vs.per_kernel("pk", model, feeds, targets, Options())
+        lines = capsys.readouterr().err.splitlines()
+        summary = re.fullmatch(r"  products with M >= 64: 2; at >= 70% of the peak in the step: "
+                               r"(\d+); below in the step but not warm \(waiting on memory\): "
+                               r"(\d+); below warm too: (\d+)", lines[-1])   # forward, dW
+        assert summary, lines[-1]
+        return lines, tuple(map(int, summary.groups()))
+    assert run(1e-3)[1] == (2, 0, 0)         # every rate far above 70 % of such a peak
+    assert run(1e9)[1] == (0, 0, 2)          # ... far below
+    lines, counts = run(1000.0)
+    assert sum(counts) == 2
     rows = {f[-1]: f for f in map(str.split, lines[2:-1])}
-    summary = re.fullmatch(r"  products with M >= 64: 2; at >= 70% of the peak in the step: (\d+); "
-                           r"below in the step but not warm \(waiting on memory\): (\d+); "
-                           r"below warm too: (\d+)", lines[-1])
-    assert summary and sum(map(int, summary.groups())) == 2, lines[-1]   # forward, weight grad.
     assert "d.forward" in rows and "optimizer.update" in rows
     fwd = rows["d.forward"]
     ms, rate, pcts = float(fwd[0]), float(fwd[2]), fwd[3:6]
