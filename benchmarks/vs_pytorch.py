@@ -56,17 +56,16 @@ written; a gradient need not pass through memory, and at small batches kilnet's 
 the parameters once (forward).
 """
 import argparse
+import collections
+import contextlib
 import datetime
 import os
 import platform
+import re
 import statistics
 import sys
-import time
-
-import collections
-import contextlib
-import re
 import tempfile
+import time
 
 import numpy as np
 
