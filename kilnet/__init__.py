@@ -1,5 +1,6 @@
 """kilnet: neural networks as dataflow graphs, compiled into plans of specialised OpenCL kernels."""
-from .errors import (BundleError, CheckpointError, CompileError, DeviceError, FeedError,
+from .errors import (BundleError, CheckpointError, CompileError, DeadBranchWarning, DeviceError,
+                     FeedError,
                      GraphError, KilnetError, MemoryCheckError, NonFiniteLoss, RankTimeout,
                      ShapeError)
 from .graph import Graph, Value
@@ -15,4 +16,4 @@ __version__ = "0.1.0"
 __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "ACTIVATIONS",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError",
            "CheckpointError", "BundleError", "DeviceError", "MemoryCheckError", "fit", "History",
-           "NonFiniteLoss", "RankTimeout"] + BUILDERS
+           "NonFiniteLoss", "RankTimeout", "DeadBranchWarning"] + BUILDERS

@@ -20,7 +20,7 @@ DTYPES = ("float32", "float64")
 
 def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=None, seed=0,
             input_grads=False, debug_buffers=False, poison=False, check_finite=False, comm=None,
-            overlap=False):
+            overlap=False, check_extents=False):
     """Compile ``graph`` for ``batch`` samples into a runnable model.
 
     optimizer: kn.SGD / kn.Adam, or None for a plan without updates.
@@ -33,6 +33,11 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
         poison: fill every buffer a step must rewrite with NaN first.
     check_finite: run every call a launch at a time and raise ``kn.NonFiniteLoss`` at the first
         node whose output (or gradient) holds a NaN or an infinity, before any update is applied.
+    check_extents: run every launch on its own, each pointer argument confined to a buffer of
+        exactly the range the launch declares for it (a ``kn.MemoryCheckError`` names the launch
+        and argument whose kernel wrote outside it, wrote a range declared read-only, or left
+        part of a range declared written unwritten); under Oclgrind a read outside it is an
+        invalid read. Slow: for checking a new op's declarations (kilnet/runtime/extents.py).
     comm: an mpi4py communicator (e.g. ``MPI.COMM_WORLD``) for data-parallel training: every rank
         compiles the same graph with its own ``batch`` (per rank) and feeds its own shard;
         ``train_step`` sums the gradients over the ranks (the optimizer takes their mean), and
@@ -45,7 +50,7 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
         if overlap:
             raise CompileError("overlap= needs comm= (a data-parallel model)")
         return _compile(graph, batch, optimizer, loss, dtype, device, seed, input_grads,
-                        debug_buffers, poison, check_finite)
+                        debug_buffers, poison, check_finite, check_extents)
     distributed.check_comm(comm)          # before any collective or device work
     if not (isinstance(overlap, bool) or (isinstance(overlap, numbers.Integral) and overlap > 0)):
         raise CompileError(f"overlap must be False, True or a bucket size in bytes > 0, got "
@@ -56,7 +61,8 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
     try:        # a rank that fails here must still meet the others in `agree`, or they would wait
         dev = distributed.rank_device(local, device, select_device)
         plan, dev = _plan(graph, batch, optimizer, loss, dtype, dev, input_grads, debug_buffers,
-                          check_finite, seed=seed, ranks=comm.Get_size())
+                          check_finite, seed=seed, ranks=comm.Get_size(),
+                          check_extents=check_extents)
         mine = distributed.fingerprint(plan, overlap)
     except KilnetError as e:
         mine = e
@@ -65,14 +71,14 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
 
 
 def _compile(graph, batch, optimizer, loss, dtype, device, seed, input_grads, debug_buffers,
-             poison, check_finite):
+             poison, check_finite, check_extents=False):
     plan, dev = _plan(graph, batch, optimizer, loss, dtype, device, input_grads, debug_buffers,
-                      check_finite, seed=seed)
+                      check_finite, seed=seed, check_extents=check_extents)
     return Model(plan, device=dev, seed=seed, poison=poison)
 
 
 def _plan(graph, batch, optimizer, loss, dtype, device, input_grads, debug_buffers, check_finite,
-          seed=0, ranks=1):
+          seed=0, ranks=1, check_extents=False):
     """Check the arguments, choose the device, lower: (plan, device)."""
     if not isinstance(graph, Graph):
         raise GraphError(f"compile: expected a kn.Graph, got {type(graph).__name__}")
@@ -95,7 +101,8 @@ def _plan(graph, batch, optimizer, loss, dtype, device, input_grads, debug_buffe
     dev = select_device(device)
     plan = lower(graph, batch, dtype, loss, optimizer, bool(input_grads), bool(debug_buffers),
                  Target.of(dev), ranks=ranks)
-    return dataclasses.replace(plan, check_finite=bool(check_finite)), dev
+    return dataclasses.replace(plan, check_finite=bool(check_finite),
+                               check_extents=bool(check_extents)), dev
 
 
 def load(path, device=None, batch=None, comm=None, overlap=False):

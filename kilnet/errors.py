@@ -1,4 +1,18 @@
 """Every error kilnet raises on purpose is a KilnetError; the subclass says which stage refused."""
+import os
+import sys
+import warnings
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_caller(message, category):
+    """``warnings.warn`` attributed to the first caller outside the kilnet package (the user's
+    line that compiled, say), however deep inside kilnet the warning is raised."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, category, stacklevel=level)
 
 
 class KilnetError(Exception):
@@ -37,6 +51,11 @@ class MemoryCheckError(KilnetError):
 class BundleError(KilnetError):
     """An export bundle cannot be written (a bad argument or destination) or read (a missing or
     damaged file, a newer format version, a malformed plan)."""
+
+
+class DeadBranchWarning(UserWarning):
+    """Compiling a graph with nodes that no output depends on: they are named, left out of every
+    launch sequence, and training leaves their parameters and state as they were."""
 
 
 class NonFiniteLoss(KilnetError):

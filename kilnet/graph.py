@@ -125,6 +125,16 @@ class Graph:
         self.outputs[name] = node
         return value
 
+    def dead(self):
+        """The nodes no output depends on (dead branches), inputs aside, in graph order."""
+        live, todo = set(), [n for n in self.outputs.values()]
+        while todo:
+            node = todo.pop()
+            if node.name not in live:
+                live.add(node.name)
+                todo.extend(node.inputs)
+        return [n for n in self.nodes if n.name not in live and n.op != "input"]
+
     def node(self, name):
         try:
             return self._by_name[name]

@@ -44,7 +44,8 @@ def _no_plan_kernel(model):
 
 def _one_at_a_time(plan):
     debug = [name for name, on in (("debug_buffers", plan.debug_buffers),
-                                   ("check_finite", plan.check_finite)) if on]
+                                   ("check_finite", plan.check_finite),
+                                   ("check_extents", plan.check_extents)) if on]
     return f"; with {' and '.join(debug)} every launch runs alone" if debug else ""
 
 

@@ -23,12 +23,13 @@ def root(node):
     return node
 
 
-def grad_writers(graph, loss, wants):
+def grad_writers(graph, loss, wants, dead=()):
     """How many launches write each gradient storage (by root name): one per (consumer, input)
-    of a non-view node where the input wants a gradient, one per loss on an output."""
+    of a non-view node where the input wants a gradient, one per loss on an output. Consumers in
+    ``dead`` (no output depends on them: their backward never runs) write none."""
     writers = {}
     for node in graph.nodes:
-        if node.op != "input" and not get_op(node.op).is_view:
+        if node.op != "input" and not get_op(node.op).is_view and node.name not in dead:
             for inp in node.inputs:
                 if wants[inp.name]:
                     writers[root(inp).name] = writers.get(root(inp).name, 0) + 1
@@ -39,14 +40,16 @@ def grad_writers(graph, loss, wants):
     return writers
 
 
-def fuse_activation_derivatives(graph, writers, wants):
+def fuse_activation_derivatives(graph, writers, wants, dead=()):
     """Record in ``node.meta`` which input gradients get act' applied by their consumer's
-    product (see the module's notes). Every node's entries are rewritten."""
+    product (see the module's notes). Every node's entries are rewritten. A consumer in ``dead``
+    never runs its backward, so it applies nothing (and ``writers`` must not count it)."""
     for node in graph.nodes:
         node.meta["dx_scale"], node.meta["dy_prescaled"] = {}, False
     for node in graph.nodes:
         op = get_op(node.op)
-        if node.op == "input" or op.is_view or not op.applies_input_derivative:
+        if node.op == "input" or op.is_view or not op.applies_input_derivative or \
+                node.name in dead:
             continue
         for i, inp in enumerate(node.inputs):
             r = root(inp)

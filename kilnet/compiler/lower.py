@@ -8,9 +8,9 @@ wants it (a parameter, or a graph input when ``input_grads`` is asked for).
 """
 import threading
 
-from ..errors import CompileError, GraphError
+from ..errors import CompileError, DeadBranchWarning, GraphError, warn_caller
 from ..ops import get_op
-from ..ops.base import Collective, inout, op_kinds
+from ..ops.base import Collective, inout, op_kinds, spanning
 from ..ops.losses import ELEMENTWISE, check as check_loss, elementwise_loss, parts
 from . import memory, names, persistent
 from .fusion import fuse_activation_derivatives, grad_writers, root
@@ -120,6 +120,9 @@ class Lowering:
         self._node_params = {}
         self.targets, self.loss_parts, self.input_grad_buffers = {}, [], {}
         self.outer = {}          # grad buffer -> (parameter, OuterGradient) the optimizer forms
+        # Nodes no output depends on: no launch computes them, so training leaves their
+        # parameters (their gradients stay 0) and state as they were.
+        self.dead = {n.name for n in graph.dead()}
 
     # -- buffers --------------------------------------------------------------------------
     def buffer(self, name, role, size, shape=()):
@@ -182,7 +185,7 @@ class Lowering:
             args = []
             for i, (pname, use) in enumerate(zip(k.names, k.args)):
                 b = self.buffers[use.buffer]
-                if use.extent is not None and use.extent > b.size:
+                if use.extent is not None and use.extent > b.size and not use.across:
                     raise AssertionError(f"{name}: argument {pname} may touch {use.extent} "
                                          f"elements of {b.name}, which has {b.size}")
                 extent = b.size if use.extent is None else use.extent
@@ -198,7 +201,7 @@ class Lowering:
             if node.op == "input":
                 self.value_buffer(node)
                 continue
-            if op.is_view:
+            if op.is_view or node.name in self.dead:
                 continue
             self.emit(node.name, "forward" if training else "infer",
                       op.forward(node, Context(self, node, training)))
@@ -223,7 +226,8 @@ class Lowering:
     def backward(self):
         wants = self.wants_grad()
         written = set()          # gradient storages (by root name) that hold a contribution
-        fuse_activation_derivatives(self.graph, grad_writers(self.graph, self.loss, wants), wants)
+        fuse_activation_derivatives(self.graph, grad_writers(self.graph, self.loss, wants,
+                                                             self.dead), wants, self.dead)
 
         def contribute(ctx, i, inp):
             if wants[inp.name]:
@@ -265,7 +269,7 @@ class Lowering:
             self.choose_outer(node, op, ctx)
             self.emit(node.name, "backward", op.backward(node, ctx))
         for node in self.graph.nodes:
-            if not get_op(node.op).is_view:
+            if not get_op(node.op).is_view and node.name not in self.dead:
                 self.emit(node.name, "update_state",
                           get_op(node.op).update_state(node, Context(self, node, True)))
         self.input_grad_buffers = {name: self.grad_buffer(node) for name, node
@@ -299,10 +303,17 @@ class Lowering:
         def sched(name):
             return self.target.schedule("vector_map", name, self.dtype)
 
-        def bufs(param):
-            moments = {f"m{i}": inout(names.moment(param, i)) for i in range(1, opt.moments + 1)}
-            return {"param": inout(param), "grad": names.grad(param), **moments,
-                    "scal": names.SCALARS}
+        def bufs(param, extent=None):
+            """The update's buffers from ``param`` on: that parameter alone, or with ``extent``
+            the range of every parameter placed from it on (and the same of the gradients and
+            moments), which is what the one launch over the arena touches."""
+            def use(buffer, access):
+                return spanning(buffer, extent, access) if extent else inout(buffer) \
+                    if access == "inout" else buffer
+            moments = {f"m{i}": use(names.moment(param, i), "inout")
+                       for i in range(1, opt.moments + 1)}
+            return {"param": use(param, "inout"), "grad": use(names.grad(param), "in"),
+                    **moments, "scal": names.SCALARS}
 
         outer = {full: og for full, og in self.outer.values()}
         stored = [p for p in self.params if p not in outer]
@@ -316,7 +327,7 @@ class Lowering:
             # forms (order_params put those last): the first parameter sits at offset 0 in each
             # of the param, grad and moment arenas, and the padding between parameters stays 0.
             end = min((self.buffers[p].offset for p in outer), default=self.arenas["param"])
-            self.emit("optimizer", "optimizer", [opt.kernel(end, bufs(stored[0]),
+            self.emit("optimizer", "optimizer", [opt.kernel(end, bufs(stored[0], end),
                                                             sched("optimizer.update"), scaled)])
         for full, og in outer.items():
             fused = dict(bufs(full), dz=og.dz, x=og.x)
@@ -381,6 +392,13 @@ def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers
 
 def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks):
     ctype = {"float32": "float", "float64": "double"}[dtype]
+    dead = graph.dead()
+    if dead:
+        warn_caller(f"graph {graph.name!r}: no output depends on "
+                      f"{', '.join(repr(n.name) for n in dead)}; "
+                      f"{'it is' if len(dead) == 1 else 'they are'} not computed, and training "
+                      f"leaves {'its' if len(dead) == 1 else 'their'} parameters and state as "
+                      f"they are", DeadBranchWarning)
     lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target, ranks)
     lo.declare_params()
     lo.forward()
@@ -399,6 +417,11 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
         for a in launch.args:
             if not a.access:
                 a.value = lo.buffers[a.buffer].offset
+            elif lo.buffers[a.buffer].offset + a.extent > lo.arenas[a.role]:
+                raise AssertionError(f"{launch.name}: argument {a.name} declares {a.extent} "
+                                     f"elements from {a.buffer} (offset "
+                                     f"{lo.buffers[a.buffer].offset}), past the end of the "
+                                     f"{a.role} arena ({lo.arenas[a.role]})")
     for role, size in lo.arenas.items():
         if size >= 2 ** 32:   # kernels take 32-bit offsets
             raise CompileError(f"graph {graph.name!r} at batch {batch}: the {role} arena needs "

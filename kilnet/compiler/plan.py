@@ -87,6 +87,7 @@ class Plan:
     state: dict                 # "<node>.<state>" -> buffer
     poisonable: list = field(default_factory=list)   # buffers every step rewrites fully
     check_finite: bool = False  # run calls a launch at a time, stopping at a non-finite output
+    check_extents: bool = False  # run each launch confined to its declared ranges (extents.py)
     target: object = None       # the compiler.target.Target the kernels were specialised for
     ranks: int = 1              # data-parallel ranks the plan was made for (batch is per rank)
     host_steps: list = field(default_factory=list)   # HostStep: collectives between launches

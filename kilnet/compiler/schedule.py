@@ -320,9 +320,14 @@ def gemm_schedule(target, shape, dtype):
             t = fits[-1]
             return Schedule(tiles=t, depth=LARGE_TK, split=_gemm_split(target, shape, t, LARGE_TK))
     t = tiles(M, N, target.compute_units)
+    depth = TK
     if target.lanes:
         t = to_lanes(t, target.lanes)
-    return Schedule(tiles=t, depth=TK, split=_gemm_split(target, shape, t, TK))
+        # A tile widened to a plan kernel's lanes may not fit local memory at the usual depth
+        # (1×256 in float64 on a 32 KiB device): step through k in thinner slices.
+        while depth > 1 and gemm_local_bytes(shape, t, depth, dtype) > target.local_mem:
+            depth //= 2
+    return Schedule(tiles=t, depth=depth, split=_gemm_split(target, shape, t, depth))
 
 
 def policy(target, kind, dtype="float", **shape):

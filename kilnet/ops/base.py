@@ -61,10 +61,14 @@ class Use:
     """How a kernel uses one buffer argument. ``access``: "in" (only read), "out" (every element
     of the extent written, none read first: what it held before does not matter), "inout" (read,
     then written: accumulation into a gradient, scaling in place). ``extent``: the elements from
-    the buffer's start that the kernel may touch (None: the whole buffer)."""
+    the buffer's start that the kernel may touch (None: the whole buffer). ``across``: the
+    extent runs on past the buffer's end, over the buffers laid after it in its role's arena
+    (the one optimizer launch that updates every parameter); the compiler then checks it against
+    the arena once buffers are placed."""
     buffer: str
     access: str = "in"
     extent: int = None
+    across: bool = False
 
 
 def out(buffer, accumulate=False, extent=None):
@@ -75,6 +79,12 @@ def out(buffer, accumulate=False, extent=None):
 def inout(buffer, extent=None):
     """A buffer the kernel reads and then writes (in place)."""
     return Use(buffer, "inout", extent)
+
+
+def spanning(buffer, extent, access="in"):
+    """``extent`` elements of ``buffer``'s arena from the buffer's start, running on over the
+    buffers placed after it (`Use.across`)."""
+    return Use(buffer, access, extent, across=True)
 
 
 @dataclass

@@ -36,12 +36,16 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     if ctx.target.kind == "cpu":
         sc = index.strides(c_idx, (n,))
         consts["c_nfast"] = sc is not None and sc[n] == 1     # a block's row is contiguous
+    # What the product writes: the block of out (and z) that its (m, n, b) reach, which need
+    # not be the whole buffer (graph_attention's scores fill the first of two blocks).
+    written_extent = index.extent(c_idx, {m: M, n: N, b: batch})
     if isinstance(w, tuple):
         # the z-coordinate names the group: the operands' indices must not use it
         assert all(b not in e.free_symbols for e in (a_idx, b_idx, c_idx)), step
-        return _grouped(ctx, step, consts, a, w, out, bias, accumulate, act, batch, z, dscale)
+        return _grouped(ctx, step, consts, a, w, out, bias, accumulate, act, batch, z, dscale,
+                        written_extent)
     buffers = {"a": a, "w": w, "out": out}
-    epilogue(consts, buffers, accumulate, bias, act, z, dscale)
+    epilogue(consts, buffers, accumulate, bias, act, z, dscale, written_extent)
     if ctx.target.kind == "cpu":
         return _vector_gemm(ctx, step, consts, buffers, batch)
     if M <= GEMV_ROWS and a_kfast and not b_nfast and a_pred is None and dscale is None:
@@ -91,12 +95,14 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
                    accumulate=accumulate, bias=bias, bias_period=N, act=act, z=z, dscale=dscale)
 
 
-def epilogue(consts, buffers, accumulate, bias, act, z, dscale):
-    """The constants and buffers that templates/epilogue.cl.j2 reads."""
+def epilogue(consts, buffers, accumulate, bias, act, z, dscale, extent=None):
+    """The constants and buffers that templates/epilogue.cl.j2 reads; ``extent``: the elements
+    of out (and z) from their start that the launch writes (None: all of them)."""
     consts.update(accumulate=accumulate, bias=bias is not None, store_z=z is not None,
                   act=symbolic.forward_c(act), dscale=dscale is not None)
-    buffers["out"] = written(buffers["out"], accumulate)
-    for name, buf in (("bias", bias), ("z", z and written(z)), ("zin", dscale and dscale[1])):
+    buffers["out"] = written(buffers["out"], accumulate, extent)
+    for name, buf in (("bias", bias), ("z", z and written(z, extent=extent)),
+                      ("zin", dscale and dscale[1])):
         if buf is not None:
             buffers[name] = buf
     consts.pop("dact", None)
@@ -134,14 +140,15 @@ def linears(ctx, step, products, *, rows, n_in, n_out, x):
                   bias=biases)
 
 
-def _grouped(ctx, step, consts, a, ws, outs, biases, accumulate, act, batch, z, dscale):
+def _grouped(ctx, step, consts, a, ws, outs, biases, accumulate, act, batch, z, dscale,
+             extent=None):
     """One CPU launch of len(ws) products that share A: the z-coordinate picks the group's
     weight, output and bias (gemm_vec.cl.j2 binds each and selects by it)."""
     G = len(ws)
     assert ctx.target.kind == "cpu" and batch == 1 and z is None and dscale is None, step
     assert len(outs) == G and (biases is None or len(biases) == G), step
     buffers = {"a": a}
-    groups = {"w": ws, "out": [written(o, accumulate) for o in outs]}
+    groups = {"w": ws, "out": [written(o, accumulate, extent) for o in outs]}
     if biases is not None:
         groups["bias"] = biases
     for name, bufs in groups.items():
@@ -222,7 +229,7 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
     items = round_up(-(-cols // V), LX)
     if split == 1:
         buffers = {"src": src, "out": out}
-        epilogue(consts, buffers, accumulate, bias, act, z, dscale)
+        epilogue(consts, buffers, accumulate, bias, act, z, dscale, cols)
         return [kernel(step, "column_sum", consts, buffers, (items, LY), s.local)]
     partial = ctx.scratch(f"{step}.partial", split * cols)
     slices = {"src": src, "out": partial}

@@ -8,6 +8,8 @@ evaluated where its dividend is not negative (the indices never are; a predicate
 ``a_pred`` guards the rest). The compiler prints expressions to C, substitutes into them and
 reads strides off them symbolically, never by editing text.
 """
+import math
+
 import sympy as sp
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.precedence import PRECEDENCE
@@ -58,6 +60,25 @@ def strides(expr, syms):
             return None
         coeffs[sym] = int(coeff)
     return {s: coeffs.get(s, 0) for s in syms}
+
+
+def extent(expr, counts, most=1 << 20):
+    """1 + the largest value ``expr`` takes with each symbol s of ``counts`` in [0, counts[s]):
+    the elements from a buffer's start that an index may reach (a launch's declared extent).
+    Affine expressions are read off their strides; others are evaluated over every point when
+    there are at most ``most``; None when neither works (the caller declares the whole buffer)."""
+    syms = tuple(counts)
+    st = strides(expr, syms)
+    if st is not None:
+        rest = sp.expand(expr - sum(c * s for s, c in st.items()))
+        if not rest.free_symbols:
+            return int(rest) + sum(max(0, c * (counts[s] - 1)) for s, c in st.items()) + 1
+    if expr.free_symbols - set(syms) or math.prod(counts.values()) > most:
+        return None
+    import numpy as np
+    grid = np.meshgrid(*(np.arange(counts[s]) for s in syms), indexing="ij")
+    values = np.broadcast_to(sp.lambdify(syms, expr, "numpy")(*grid), grid[0].shape)
+    return int(values.max()) + 1
 
 
 def is_rows_of(expr, N):

@@ -10,15 +10,13 @@ import numpy as np
 
 from ..errors import CompileError, MemoryCheckError
 from . import device as devmod
-from . import submit
+from . import extents, submit
+from .extents import SENTINEL
 from .plan_kernel import PlanKernelSubmit, groups_for, options as plan_kernel_options
 from .program import build
 
 NP_DTYPE = {"float32": np.float32, "float64": np.float64}
 GUARD = 64      # elements of guard before and after each buffer with debug_buffers (keeps alignment)
-# Signalling NaNs with a fixed payload: arithmetic only ever makes quiet NaNs, so a kernel cannot
-# write this pattern by accident, and a kernel reading a guard gets a NaN that shows in results.
-SENTINEL = {np.float32: np.uint32(0x7F8A5A5A), np.float64: np.uint64(0x7FF4A5A5A5A5A5A5)}
 
 
 def limits(kernel, device):
@@ -228,7 +226,8 @@ class Executor:
     def run(self, launches, after=None):
         """Enqueue ``launches`` in order, through the submission path chosen for this executor;
         ``after(launch)`` (debug) runs after each one. With debug_buffers every launch is waited
-        for and its buffers' guards checked. Launches waited for one at a time go through
+        for and its buffers' guards checked; with check_extents each runs confined to the ranges
+        its arguments declare (extents.py). Launches waited for one at a time go through
         pyopencl: the wait costs far more than the enqueue."""
         if self.plan.debug_buffers and self.guard:
             then = after
@@ -237,15 +236,19 @@ class Executor:
                 self._check_guards(launch)
                 if then is not None:
                     then(launch)
-        if after is None:
+        if after is None and not self.plan.check_extents:
             self.submit.run(launches)
             return
         enqueue = self.cl.enqueue_nd_range_kernel
         for launch in launches:
-            k, g, loc = self.bound[launch.name]
-            enqueue(self.queue, k, g, loc)
-            self.queue.finish()
-            after(launch)
+            if self.plan.check_extents:
+                extents.run(self, [launch])
+            else:
+                k, g, loc = self.bound[launch.name]
+                enqueue(self.queue, k, g, loc)
+                self.queue.finish()
+            if after is not None:
+                after(launch)
 
     def _check_guards(self, launch):
         cl, n, item = self.cl, self.guard, self.item
