@@ -279,6 +279,30 @@ OPS = {
 }
 
 
+def interpret(graph, P, feeds, training):
+    """Every output of ``graph``, batched, in float64, from the table of ops above (``OPS``, by
+    op name). ``P`` maps parameter (and state) names to arrays; batch norm uses batch statistics
+    when ``training``."""
+    vals = {}
+    for node in graph.nodes:
+        xs = [vals[i.name] for i in node.inputs]
+        if node.op == "input":
+            y = f64(feeds[node.name])
+        elif node.op in OPS:
+            y = OPS[node.op](node, xs, P, training)
+        else:
+            raise AssertionError(f"interpreter has no op {node.op!r}")
+        assert y.shape == (len(y),) + node.shape, (node, y.shape)
+        vals[node.name] = y
+    return {k: vals[n.name] for k, n in graph.outputs.items()}
+
+
+def ref_loss(graph, P, feeds, T):
+    """The training-mode mse loss of every output, summed."""
+    Y = interpret(graph, P, feeds, training=True)
+    return sum(mse(Y[k], T[k]) for k in graph.outputs)
+
+
 # -- losses ---------------------------------------------------------------------------------
 
 def mse(y, t):

@@ -1,9 +1,10 @@
 """Property-based tests of the compiler (hypothesis).
 
-Valid graphs: random op sequences over the core ops (dense, conv1d, activation, batchnorm,
-softmax, concat, add_norm, reshape) and the articles' ops (multi_window_conv, graph_conv,
-graph_attention, streaming batchnorm) with random sizes (1, odd, prime), fan-out and concat of a
-value with itself, compiled in float64; the inference plan's forward and the training plan's
+Valid graphs (tests/random_graphs.py): random op sequences over the core ops (dense, conv1d,
+activation, batchnorm, softmax, concat, add_norm, reshape) and the articles' ops
+(multi_window_conv, graph_conv, graph_attention, gte_block, streaming batchnorm) with random
+sizes (1, odd, prime), a second input, fan-out, dead branches, concat of a value with itself and
+of an input between computed parts, compiled in float64; the inference plan's forward and the training plan's
 loss and gradients must match an independent numpy float64 interpreter built on
 tests/reference.py (gradients: central differences of the reference loss at a few random
 parameter and input elements).
@@ -11,142 +12,38 @@ parameter and input elements).
 Invalid graphs, feeds, targets and compile arguments: each must raise a kn.KilnetError subclass
 (never a raw Python or OpenCL exception) and leave the graph or model as it was.
 
-Profiles: "ci" (the default: few examples, derandomized, shapes drawn from a small set so that
-kernels come from the cache) and "long" (HYPOTHESIS_PROFILE=long).
+Profiles (tests/conftest.py): "ci" (the default: few examples drawn from the commit's seed,
+shapes from a small set so that kernels come from the cache) and "long"
+(HYPOTHESIS_PROFILE=long).
 """
-import os
-
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 import kilnet as kn
+import random_graphs as rg
 import reference as ref
+from conftest import FUZZ_SEED
 
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                     HealthCheck.data_too_large])
-settings.register_profile("ci", max_examples=50, derandomize=True, **_COMMON)
-settings.register_profile("long", max_examples=500, **_COMMON)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+SIZES = rg.SIZES
 
 
 def examples(k):
-    """k times the profile's example count (cheap tests run more examples than compiling ones)."""
-    return settings(max_examples=settings.default.max_examples * k)
+    """k times the profile's example count (cheap tests run more examples than compiling ones),
+    drawn from the commit's fuzz seed (tests/conftest.py)."""
+    def wrap(test):
+        return seed(FUZZ_SEED)(settings(max_examples=settings.default.max_examples * k)(test))
+    return wrap
+
+interpret, ref_loss = ref.interpret, ref.ref_loss
 
 
-# Sizes come from a small set (1, even, odd, prime) so that plans share kernels between examples.
-SIZES = [1, 2, 3, 5, 7]
-BATCHES = [1, 2, 3, 5]
-WINDOWS = [[1], [3], [2, 3], [1, 3, 5]]          # multi_window_conv
-ACTS = [None] + sorted(kn.ACTIVATIONS)
-# Kinked activations make central differences unreliable right at the kink; inputs are random
-# so the kink is hit with probability ~0, and the tolerance below absorbs the rest.
-
-# -- the reference interpreter --------------------------------------------------------------
-
-
-def interpret(graph, P, feeds, training):
-    """Every node's batched output in float64, from tests/reference.py's table of ops
-    (``ref.OPS``, by op name). ``P`` maps parameter names to arrays; batch norm uses batch
-    statistics when ``training``."""
-    vals = {}
-    for node in graph.nodes:
-        xs = [vals[i.name] for i in node.inputs]
-        if node.op == "input":
-            y = ref.f64(feeds[node.name])
-        elif node.op in ref.OPS:
-            y = ref.OPS[node.op](node, xs, P, training)
-        else:
-            raise AssertionError(f"interpreter has no op {node.op!r}")
-        assert y.shape == (len(y),) + node.shape, (node, y.shape)
-        vals[node.name] = y
-    return {k: vals[n.name] for k, n in graph.outputs.items()}
-
-
-def ref_loss(graph, P, feeds, T):
-    Y = interpret(graph, P, feeds, training=True)
-    return sum(ref.mse(Y[k], T[k]) for k in graph.outputs)
-
-
-# -- random valid graphs --------------------------------------------------------------------
-
-
-def divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]
-
+# -- random valid graphs (tests/random_graphs.py) --------------------------------------------
 
 @st.composite
 def valid_graphs(draw):
-    """(graph, batch): an input of 1 or 2 axes, then 1..5 random ops, each on a random earlier
-    value (fan-out); the last value and sometimes another become outputs."""
-    batch = draw(st.sampled_from(BATCHES))
-    g = kn.Graph("fuzz")
-    two = draw(st.booleans())
-    shape = (draw(st.sampled_from(SIZES)), draw(st.sampled_from(SIZES))) if two else \
-        (draw(st.sampled_from(SIZES)),)
-    values = [g.input("x", shape)]
-    ops = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "add_norm", "reshape",
-           "multi_window_conv", "graph_conv", "graph_attention", "batchnorm_stream"]
-    if batch > 1:
-        ops.append("batchnorm")
-    for _ in range(draw(st.integers(1, 5))):
-        x = draw(st.sampled_from(values))
-        op = draw(st.sampled_from(ops))
-        if op in ("multi_window_conv", "graph_conv", "graph_attention") and len(x.shape) != 2:
-            x = kn.reshape(x, (-1, draw(st.sampled_from(divisors(x.size)))))     # (units, width)
-            values.append(x)
-        if op == "multi_window_conv":
-            windows = draw(st.sampled_from([w for w in WINDOWS if max(w) <= x.shape[1]]))
-            y = kn.multi_window_conv(x, windows, draw(st.sampled_from(SIZES)),
-                                     step=draw(st.integers(1, 2)),
-                                     activation=draw(st.sampled_from(ACTS)))
-        elif op == "graph_conv":
-            y = kn.graph_conv(x, draw(st.sampled_from(SIZES)))
-        elif op == "graph_attention":
-            U = x.shape[0]
-            adjacency = None
-            if draw(st.booleans()):
-                adjacency = np.random.default_rng(draw(st.integers(0, 3))).random((U, U)) < 0.4
-            y = kn.graph_attention(x, draw(st.integers(1, 2)), draw(st.integers(1, 3)), adjacency)
-        elif op == "batchnorm_stream":
-            y = kn.batchnorm(x, activation=draw(st.sampled_from(ACTS)),
-                             streaming=draw(st.sampled_from([1, 2, 5])))
-        elif op == "dense":
-            y = kn.dense(x, draw(st.sampled_from(SIZES)), activation=draw(st.sampled_from(ACTS)),
-                         bias=draw(st.booleans()))
-        elif op == "conv1d":
-            if len(x.shape) != 2:      # make it (units, channels) first
-                x = kn.reshape(x, (-1, draw(st.sampled_from(divisors(x.size)))))
-                values.append(x)
-            U = x.shape[0]
-            y = kn.conv1d(x, draw(st.sampled_from(SIZES)), window=draw(st.integers(1, min(U, 4))),
-                          step=draw(st.integers(1, 3)), activation=draw(st.sampled_from(ACTS)))
-        elif op == "activation":
-            y = kn.activation(x, draw(st.sampled_from(ACTS[1:])))
-        elif op == "batchnorm":
-            y = kn.batchnorm(x, activation=draw(st.sampled_from(ACTS)))
-        elif op == "softmax":
-            y = kn.softmax(x, heads=draw(st.sampled_from(divisors(x.size))))
-        elif op == "concat":
-            same = [v for v in values if len(v.shape) == len(x.shape) and v.shape[:-1] == x.shape[:-1]]
-            others = draw(st.lists(st.sampled_from(same), min_size=1, max_size=2))   # may repeat x
-            y = kn.concat(x, *others)
-        elif op == "add_norm":
-            same = [v for v in values if v.shape == x.shape]
-            y = kn.add_norm(x, draw(st.sampled_from(same)))
-        else:  # reshape
-            d = draw(st.sampled_from(divisors(x.size)))
-            y = kn.reshape(x, draw(st.sampled_from([(x.size,), (d, -1), (-1, d)])))
-        values.append(y)
-    if len(values) == 1:
-        values.append(kn.dense(values[0], draw(st.sampled_from(SIZES))))
-    g.output("y", values[-1])
-    extra = [v for v in values[1:-1]]
-    if extra and draw(st.booleans()):
-        g.output("z", draw(st.sampled_from(extra)))
-    return g, batch
+    return rg.build(rg.hypothesis_choices(draw))
 
 
 def random_params(m, rng):
@@ -170,12 +67,13 @@ FD_H = 1e-6
 FD_POINTS = 6
 
 
+@pytest.mark.filterwarnings("ignore::kilnet.DeadBranchWarning")
 @examples(1)
 @given(valid_graphs(), st.integers(0, 2**32 - 1))
 def test_valid_graph_matches_reference(gb, seed):
     g, batch = gb
     rng = np.random.default_rng(seed)
-    feeds = {"x": rng.standard_normal((batch,) + g.inputs["x"].shape)}
+    feeds = rg.feeds_for(g, batch, rng)
 
     # inference plan: forward matches the interpreter (batch norm with running statistics)
     inf = kn.compile(g, batch=batch, dtype="float64")
@@ -195,19 +93,20 @@ def test_valid_graph_matches_reference(gb, seed):
     L = ref_loss(g, P, feeds, T)
     np.testing.assert_allclose(G.loss, L, rtol=1e-9, atol=1e-12, err_msg=repr(g))
     trainable = [k for k in m.plan.params]
-    assert set(G) == set(trainable) | {"x"}
+    inputs = sorted(set(G) - set(trainable))
+    assert set(trainable) <= set(G) and set(inputs) <= set(g.inputs), (sorted(G), repr(g))
 
-    candidates = trainable + ["x"]
+    candidates = trainable + inputs
     for _ in range(FD_POINTS):
         name = candidates[rng.integers(len(candidates))]
-        base = feeds["x"] if name == "x" else P[name]
+        base = feeds[name] if name in inputs else P[name]
         i = int(rng.integers(base.size))
 
         def at(delta):
             v = base.copy()
             v.flat[i] += delta
-            if name == "x":
-                return ref_loss(g, P, {"x": v}, T)
+            if name in inputs:
+                return ref_loss(g, P, dict(feeds, **{name: v}), T)
             return ref_loss(g, dict(P, **{name: v}), feeds, T)
         fd = (at(FD_H) - at(-FD_H)) / (2 * FD_H)
         got = float(np.asarray(G[name]).flat[i])

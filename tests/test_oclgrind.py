@@ -32,6 +32,21 @@ m.gradients({"x": np.ones((2, 3))}, {"y": np.zeros((2, 64))})
 """
 
 
+# A concat's input gradients declared to read rows × their width of the output's gradient (too
+# short: they read strided rows of the whole width), run confined to those ranges (issue 29).
+PLANTED = """
+import sys; sys.path.insert(0, "tests")
+import numpy as np, kilnet as kn, plan_checks as pc
+pc.plant_concat_slices_rows_times_width()
+g = pc.concat_between()
+m = kn.compile(g, batch=4, loss="mse", optimizer=kn.SGD(0.1), check_extents=True)
+try:
+    m.train_step({"x": np.ones((4, 5, 3)), "y": np.ones((4, 5, 1))}, {"o": np.zeros((4, 5, 7))})
+except kn.KilnetError as e:
+    print(e)
+"""
+
+
 def run_under_oclgrind(args):
     env = dict(os.environ, KILNET_DEVICE="")
     return subprocess.run([OCLGRIND, "--data-races", sys.executable] + args, capture_output=True,
@@ -66,3 +81,10 @@ def test_harness_reports_a_write_past_the_end():
     out = r.stdout + r.stderr
     assert "Invalid write" in out, out[-4000:]
     assert "dense_1_backward_bias" in out
+
+
+def test_harness_reports_a_read_outside_a_declared_range():
+    r = run_under_oclgrind(["-c", PLANTED])
+    out = r.stdout + r.stderr
+    assert "Invalid read" in out, out[-4000:]
+    assert "concat_1_backward_input" in out

@@ -1,0 +1,65 @@
+"""The fuzz seed: derived from the commit under test, so that one commit always draws the same
+graphs and every new commit draws others (tests/test_fuzz.py, tests/test_plan_checks.py).
+KILNET_FUZZ_SEED replays a run; pytest's header prints the seed in force."""
+import os
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _commit():
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
+                           text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def fuzz_seed():
+    """(seed, where it came from)."""
+    given = os.environ.get("KILNET_FUZZ_SEED")
+    if given:
+        return int(given), "KILNET_FUZZ_SEED"
+    commit = _commit()
+    if commit:
+        return int(commit[:8], 16), f"commit {commit[:12]}"
+    return 0, "no git checkout"
+
+
+FUZZ_SEED, FUZZ_SEED_FROM = fuzz_seed()
+os.environ.setdefault("KILNET_FUZZ_SEED", str(FUZZ_SEED))     # the same in every xdist worker
+
+# Profiles: "ci" (the default: 50 examples from the seed above, no example database, so a run is
+# replayed by its seed alone) and "long" (HYPOTHESIS_PROFILE=long: 500 examples, random seeds
+# unless KILNET_FUZZ_SEED is set). Tests that draw take @seed(FUZZ_SEED).
+_COMMON = dict(deadline=None, database=None,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci", max_examples=50, **_COMMON)
+settings.register_profile("long", max_examples=500, **_COMMON)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_report_header(config):
+    return (f"kilnet fuzz seed: {FUZZ_SEED} (from {FUZZ_SEED_FROM}); replay with "
+            f"KILNET_FUZZ_SEED={FUZZ_SEED}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A fuzzed graph that failed a test goes into tests/fuzz_corpus (plan_checks.FAILED holds
+    the last one drawn that failed), and the report says where and with which seed."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    import plan_checks
+    if plan_checks.FAILED:
+        path = plan_checks.save_to_corpus(*plan_checks.FAILED, why=f"{item.nodeid} failed with "
+                                          f"KILNET_FUZZ_SEED={FUZZ_SEED}")
+        plan_checks.FAILED = None
+        report.sections.append(("fuzz corpus", f"the failing graph was written to {path}: "
+                                               f"commit it as a regression case"))

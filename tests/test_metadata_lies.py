@@ -1,0 +1,70 @@
+"""Every transformation that trusts declared metadata, with that metadata made to lie: the check
+that covers it must fail (issue 29). Which check covers which transformation:
+
+| transformation | what it trusts | the check that fails when it lies |
+|---|---|---|
+| the plan kernel's merged stages (compiler/persistent.py) | each launch's argument ranges and access | stages run in any order, and launches confined to their ranges (test_plan_checks.py; under Oclgrind: oclgrind_extents.py); planted: the optimizer's range, a concat slice's |
+| poisoning rewritten buffers (lower._written_first) | "out": every element written, none read first | the extents check's unwritten-element test (test_plan_checks.py) |
+| the activation-derivative fusion (compiler/fusion.py) | ``Op.applies_input_derivative``, ``Op.preactivation`` | gradients against finite differences (below) |
+| the weight gradient formed in the update (``Op.outer_gradients``) | its dz, x and rows | train_step against the stored gradients' (below); its ranges by the extents check |
+| activation memory reused by liveness (inference plans) | ``Lowering.liveness`` | the inference plan against the training plan's forward, and placement against live ranges computed apart (below; test_plan.py); its stages by the checks above, which run inference plans too |
+| the CPU gathers (conv1d's and multi_window_conv's input gradient as a product and a gather) | the gathered scratch's range and index maths | the extents and order checks on CPU-form plans, and gradients against finite differences (test_gradients.py, test_fuzz.py) |
+"""
+import importlib
+
+import pytest
+
+import kilnet as kn
+import test_optimizers
+import test_plan
+from kilnet.compiler import lower as lower_mod
+from kilnet.ops.base import OuterGradient
+from test_gradients import check_gradients
+
+
+def derivative_graph():
+    """A dense layer with tanh whose only consumer is a concat (which applies no derivative)."""
+    g = kn.Graph("fusion_lie")
+    x = g.input("x", (3,))
+    h = kn.dense(x, 4, activation="tanh")
+    g.output("y", kn.concat(h, x))
+    return g
+
+
+def test_a_consumer_that_claims_to_apply_the_derivative_fails_the_gradient_check(monkeypatch):
+    check_gradients(derivative_graph(), {"y": "mse"}, batch=2)       # the truth passes
+    concat = importlib.import_module("kilnet.ops.concat")     # kilnet.ops.concat: the builder
+    monkeypatch.setattr(concat.Concat, "applies_input_derivative", True)
+    with pytest.raises(AssertionError):
+        check_gradients(derivative_graph(), {"y": "mse"}, batch=2)
+
+
+def test_a_producer_that_hides_its_activation_fails_the_gradient_check(monkeypatch):
+    """A dense layer declaring no pre-activation: backward then skips act' altogether."""
+    dense = importlib.import_module("kilnet.ops.dense")
+    monkeypatch.setattr(dense.Dense, "preactivation", lambda self, node: None)
+    g = kn.Graph("hidden")
+    g.output("y", kn.dense(kn.dense(g.input("x", (3,)), 4, activation="tanh"), 2))
+    with pytest.raises(AssertionError):
+        check_gradients(g, {"y": "mse"}, batch=2)
+
+
+def test_an_outer_gradient_over_too_few_rows_fails_the_update_check(monkeypatch):
+    test_optimizers.test_small_batches_form_dense_weight_gradients_in_the_update(
+        4, "adam", monkeypatch)                                       # the truth passes
+    dense = importlib.import_module("kilnet.ops.dense")
+    real = dense.Dense.outer_gradients
+    monkeypatch.setattr(dense.Dense, "outer_gradients", lambda self, node, ctx: {
+        k: OuterGradient(og.dz, og.x, og.rows - 1) for k, og in real(self, node, ctx).items()})
+    with pytest.raises(AssertionError):
+        test_optimizers.test_small_batches_form_dense_weight_gradients_in_the_update(
+            4, "adam", monkeypatch)
+
+
+def test_live_ranges_that_end_too_early_fail_the_reuse_checks(monkeypatch):
+    test_plan.test_inference_plan_reuses_activation_memory_and_computes_the_same()
+    real = lower_mod.Lowering.liveness
+    monkeypatch.setattr(lower_mod.Lowering, "liveness", lambda self: {
+        name: (first, first) for name, (first, last) in real(self).items()})
+    with pytest.raises(AssertionError):
+        test_plan.test_inference_plan_reuses_activation_memory_and_computes_the_same()
