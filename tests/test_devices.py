@@ -32,8 +32,8 @@ def fresh(monkeypatch, tmp_path):
 
 
 def ranked():
-    """Every device in the order the default choice tries them."""
-    return [pd[3] for pd in devmod.ranked(devmod._pairs())]
+    """Every device the default choice tries, in its order."""
+    return [pd[3] for pd in devmod.default_order(devmod._pairs())]
 
 
 def python(args, env):
@@ -215,3 +215,21 @@ def test_a_probe_that_could_not_run_is_not_remembered(fresh, monkeypatch):
     error = devmod.probe(ranked()[0])
     assert error.startswith(devmod.NOT_ANSWERED) and "no such file" in error
     assert not (fresh / "probes.json").exists()          # the next process probes again
+
+
+def test_the_simulator_is_taken_only_by_name(fresh, monkeypatch):
+    """The test extra installs Oclgrind's platform from PyPI. Its device says it is every type,
+    GPU included: it must never be the default, "gpu" or "cpu", only KILNET_DEVICE=oclgrind."""
+    pairs = devmod._pairs()
+    sims = [pd for pd in pairs if devmod.implementation(pd[3]) == "oclgrind"]
+    assert sims, "Oclgrind's platform is missing: pip install '.[test]' brings it"
+    assert all(devmod.implementation(d) != "oclgrind" for d in ranked())
+    pretend({pd[3]: None for pd in pairs})
+    assert devmod.implementation(devmod.select(None)) != "oclgrind"
+    for name in ("gpu", "cpu"):
+        if name == "gpu" and not any(devmod._is_gpu(pd[3]) for pd in devmod._real(pairs)):
+            with pytest.raises(kn.CompileError):
+                devmod.select(name)
+        else:
+            assert devmod.implementation(devmod.select(name)) != "oclgrind", name
+    assert devmod.implementation(devmod.select("oclgrind")) == "oclgrind"

@@ -26,6 +26,10 @@ from .program import cache_dir
 # benchmarks/vs_pytorch.py: Intel's runtime ran every train step faster than PoCL (see
 # benchmarks/results/cpu-intel-vs-pocl-*.txt).
 CPU_PREFERENCE = ("intel", "pocl")
+# Simulators: never chosen while a real device is there, and never for "gpu" or "cpu" (Oclgrind
+# calls its device every type), only by name (KILNET_DEVICE=oclgrind) or as the only platform
+# (under the `oclgrind` command). The test extra installs Oclgrind's platform from PyPI.
+SIMULATORS = ("oclgrind",)
 
 # What to do when an implementation cannot build, by implementation.
 FIXES = {
@@ -230,15 +234,28 @@ def ranked(pairs):
     CPU_PREFERENCE, then the rest; OpenCL's order breaks ties."""
     def rank(pair):
         impl = implementation(pair[3])
+        if impl in SIMULATORS:
+            return (2, 0)
         pref = CPU_PREFERENCE.index(impl) if impl in CPU_PREFERENCE else len(CPU_PREFERENCE)
         return (0, 0) if _is_gpu(pair[3]) else (1, pref)
     return sorted(pairs, key=rank)
 
 
+def _real(pairs):
+    """``pairs`` less the simulators'."""
+    return [pd for pd in pairs if implementation(pd[3]) not in SIMULATORS]
+
+
+def default_order(pairs):
+    """The devices the default choice tries, in order: ``ranked``, less the simulators unless
+    nothing else is there."""
+    return ranked(_real(pairs) or pairs)
+
+
 def _default(pairs):
     """The first device in ranked order that builds; a warning for each one skipped before it."""
     refused = []
-    for pi, di, _p, d in ranked(pairs):
+    for pi, di, _p, d in default_order(pairs):
         error = probe(d, (pi, di))
         if error is None:
             for dev, why in refused:
@@ -266,10 +283,10 @@ def _named(spec, pairs):
             raise CompileError(f"device {spec!r}: no such platform:device; see kilnet.devices()") from None
     by_impl = [pd for pd in pairs if implementation(pd[3]) == s]
     if s == "cpu":
-        cpus = [pd for pd in ranked(pairs) if pd[3].type & cl.device_type.CPU]
+        cpus = [pd for pd in ranked(_real(pairs)) if pd[3].type & cl.device_type.CPU]
         by_impl = [pd for pd in cpus if probe(pd[3], pd[:2]) is None] or cpus   # the best that builds
     elif s == "gpu":
-        by_impl = [pd for pd in pairs if _is_gpu(pd[3])]
+        by_impl = [pd for pd in _real(pairs) if _is_gpu(pd[3])]
     if by_impl:
         return by_impl[0]
     for pd in pairs:
