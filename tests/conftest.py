@@ -43,9 +43,24 @@ settings.register_profile("long", max_examples=500, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def _setup_lines():
+    import c_runner
+    import oclgrind
+    return [f"kilnet fuzz seed: {FUZZ_SEED} (from {FUZZ_SEED_FROM}); replay with "
+            f"KILNET_FUZZ_SEED={FUZZ_SEED}",
+            f"Oclgrind: {oclgrind.missing() or oclgrind.describe()}",
+            c_runner.describe()]
+
+
 def pytest_report_header(config):
-    return (f"kilnet fuzz seed: {FUZZ_SEED} (from {FUZZ_SEED_FROM}); replay with "
-            f"KILNET_FUZZ_SEED={FUZZ_SEED}")
+    return _setup_lines()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The same lines at the end, where `pytest -q` shows them too."""
+    if not hasattr(config, "workerinput"):
+        for line in _setup_lines():
+            terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(hookwrapper=True)

