@@ -10,18 +10,131 @@
  * the same layout as the bundle's), loss.txt (one loss per step) and step.txt (steps taken in
  * all). The device: KILNET_RUN_DEVICE=P:D (platform, device), else the first GPU, else the first
  * device. It reads plan.txt (the line-oriented twin of plan.json) and kernels.cl.
+ * `kilnet_run --about` says which OpenCL declarations it was built with and which loader it opens.
  *
- * Build: cc -std=c99 -O2 -o kilnet_run runner/kilnet_run.c -lOpenCL -lm
+ * Build: cc -std=c99 -O2 -o kilnet_run runner/kilnet_run.c -ldl -lm
+ * It needs no OpenCL headers or library to build: it opens the OpenCL ICD loader when it runs
+ * (KILNET_OPENCL_LIBRARY names one, else libOpenCL.so.1, else libOpenCL.so; pyopencl's wheel
+ * carries one in pyopencl/.libs), and declares the 14 functions it calls itself. Where the
+ * compiler finds <CL/cl.h>, it takes the types from there and checks its declarations against
+ * the header's prototypes (-DKILNET_OWN_CL ignores the header).
  * Exit status 0 on success, 1 on any error (a message on stderr), 2 on bad usage.
  */
-#define CL_TARGET_OPENCL_VERSION 120
-#include <CL/cl.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* -- the OpenCL API, opened at run time ------------------------------------------------------ */
+#if !defined(KILNET_OWN_CL) && defined(__has_include)
+#if __has_include(<CL/cl.h>)
+#define CL_TARGET_OPENCL_VERSION 120
+#define CL_USE_DEPRECATED_OPENCL_1_2_APIS
+#include <CL/cl.h>
+#define KL_SYSTEM_CL 1
+#endif
+#endif
+#ifndef KL_SYSTEM_CL
+#include <stdint.h>
+/* The types and constants of the Khronos headers (cl_platform.h, cl.h) that this file uses. */
+typedef int32_t cl_int;
+typedef uint32_t cl_uint;
+typedef uint64_t cl_ulong;
+typedef cl_uint cl_bool;
+typedef cl_ulong cl_bitfield;
+typedef cl_bitfield cl_device_type;
+typedef cl_bitfield cl_mem_flags;
+typedef cl_bitfield cl_command_queue_properties;
+typedef intptr_t cl_context_properties;
+typedef cl_uint cl_program_build_info;
+typedef struct _cl_platform_id *cl_platform_id;
+typedef struct _cl_device_id *cl_device_id;
+typedef struct _cl_context *cl_context;
+typedef struct _cl_command_queue *cl_command_queue;
+typedef struct _cl_mem *cl_mem;
+typedef struct _cl_program *cl_program;
+typedef struct _cl_kernel *cl_kernel;
+typedef struct _cl_event *cl_event;
+#define CL_SUCCESS 0
+#define CL_TRUE 1
+#define CL_DEVICE_TYPE_GPU (1 << 2)
+#define CL_DEVICE_TYPE_ALL 0xFFFFFFFF
+#define CL_MEM_READ_WRITE (1 << 0)
+#define CL_PROGRAM_BUILD_LOG 0x1183
+#endif
+
+/* Every OpenCL function the runner calls: (return type, name, parameter types). */
+#define KL_CL_FUNCTIONS(X) \
+    X(cl_int, clGetPlatformIDs, (cl_uint, cl_platform_id *, cl_uint *)) \
+    X(cl_int, clGetDeviceIDs, (cl_platform_id, cl_device_type, cl_uint, cl_device_id *, cl_uint *)) \
+    X(cl_context, clCreateContext, (const cl_context_properties *, cl_uint, const cl_device_id *, \
+      void (*)(const char *, const void *, size_t, void *), void *, cl_int *)) \
+    X(cl_command_queue, clCreateCommandQueue, (cl_context, cl_device_id, cl_command_queue_properties, cl_int *)) \
+    X(cl_mem, clCreateBuffer, (cl_context, cl_mem_flags, size_t, void *, cl_int *)) \
+    X(cl_program, clCreateProgramWithSource, (cl_context, cl_uint, const char **, const size_t *, cl_int *)) \
+    X(cl_int, clBuildProgram, (cl_program, cl_uint, const cl_device_id *, const char *, \
+      void (*)(cl_program, void *), void *)) \
+    X(cl_int, clGetProgramBuildInfo, (cl_program, cl_device_id, cl_program_build_info, size_t, void *, size_t *)) \
+    X(cl_kernel, clCreateKernel, (cl_program, const char *, cl_int *)) \
+    X(cl_int, clSetKernelArg, (cl_kernel, cl_uint, size_t, const void *)) \
+    X(cl_int, clEnqueueNDRangeKernel, (cl_command_queue, cl_kernel, cl_uint, const size_t *, const size_t *, \
+      const size_t *, cl_uint, const cl_event *, cl_event *)) \
+    X(cl_int, clEnqueueReadBuffer, (cl_command_queue, cl_mem, cl_bool, size_t, size_t, void *, cl_uint, \
+      const cl_event *, cl_event *)) \
+    X(cl_int, clEnqueueWriteBuffer, (cl_command_queue, cl_mem, cl_bool, size_t, size_t, const void *, cl_uint, \
+      const cl_event *, cl_event *)) \
+    X(cl_int, clFinish, (cl_command_queue))
+
+#define KL_POINTER(ret, name, params) static ret (*kl_##name) params;
+KL_CL_FUNCTIONS(KL_POINTER)
+#ifdef KL_SYSTEM_CL
+/* Each declaration above has the type of the header's prototype (a mismatch does not build). */
+#define KL_SAME(ret, name, params) \
+    typedef char kl_same_##name[__builtin_types_compatible_p(__typeof__(kl_##name), __typeof__(&name)) ? 1 : -1];
+KL_CL_FUNCTIONS(KL_SAME)
+#define KL_HEADERS "the system's <CL/cl.h>, each declaration checked against it"
+#else
+#define KL_HEADERS "its own (no <CL/cl.h> found)"
+#endif
+#define clGetPlatformIDs kl_clGetPlatformIDs
+#define clGetDeviceIDs kl_clGetDeviceIDs
+#define clCreateContext kl_clCreateContext
+#define clCreateCommandQueue kl_clCreateCommandQueue
+#define clCreateBuffer kl_clCreateBuffer
+#define clCreateProgramWithSource kl_clCreateProgramWithSource
+#define clBuildProgram kl_clBuildProgram
+#define clGetProgramBuildInfo kl_clGetProgramBuildInfo
+#define clCreateKernel kl_clCreateKernel
+#define clSetKernelArg kl_clSetKernelArg
+#define clEnqueueNDRangeKernel kl_clEnqueueNDRangeKernel
+#define clEnqueueReadBuffer kl_clEnqueueReadBuffer
+#define clEnqueueWriteBuffer kl_clEnqueueWriteBuffer
+#define clFinish kl_clFinish
+
+static const char *const kl_loaders[] = {"libOpenCL.so.1", "libOpenCL.so"};
+
+/* Open the ICD loader and find every function; returns the loader's name, or NULL with *why. */
+static const char *open_opencl(char *why, size_t size) {
+    const char *named = getenv("KILNET_OPENCL_LIBRARY"), *tried[3];
+    void *lib = NULL; size_t i, n = 0;
+    if (named && *named) tried[n++] = named;
+    else for (i = 0; i < sizeof kl_loaders / sizeof *kl_loaders; i++) tried[n++] = kl_loaders[i];
+    for (i = 0; i < n && !lib; i++) lib = dlopen(tried[i], RTLD_NOW | RTLD_GLOBAL);
+    if (!lib) {
+        snprintf(why, size, "cannot open the OpenCL ICD loader %s%s (%s); name one with "
+                 "KILNET_OPENCL_LIBRARY (pyopencl's wheel carries one in pyopencl/.libs)",
+                 tried[0], n > 1 ? " or libOpenCL.so" : "", dlerror());
+        return NULL;
+    }
+#define KL_FIND(ret, name, params) \
+    if (!(*(void **)&kl_##name = dlsym(lib, #name))) { \
+        snprintf(why, size, "the OpenCL loader %s has no %s", tried[i - 1], #name); return NULL; }
+    KL_CL_FUNCTIONS(KL_FIND)
+    return tried[i - 1];
+}
 
 #define FORMAT_VERSION 1
 #define NAME 256
@@ -177,7 +290,7 @@ static void load_plan(void) {
 
 /* -- files -------------------------------------------------------------------------------- */
 static char *read_file(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb"); char *data; long n;
+    FILE *f = fopen(path, "rb"); char *data; long n = 0;
     if (!f) die("cannot open %s (%s)", path, strerror(errno));
     if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET)) die("cannot read %s", path);
     data = xcalloc((size_t)n + 1, 1);
@@ -235,6 +348,12 @@ static void upload(char *data, int j) { int i; for (i = 0; i < nio[j]; i++) { tr
 
 int main(int argc, char **argv) {
     cl_device_id dev; cl_context ctx; cl_program prog; cl_int err; char path[4096], *src; size_t n; int i, a;
+    const char *loader;
+    if (argc == 2 && !strcmp(argv[1], "--about")) {
+        loader = open_opencl(path, sizeof path);
+        printf("kilnet_run: OpenCL declarations: %s; loader: %s\n", KL_HEADERS, loader ? loader : path);
+        return loader ? 0 : 1;
+    }
     if (argc < 3 || !((!strcmp(argv[2], "forward") && argc == 5) || (!strcmp(argv[2], "train") && argc == 6))) {
         fprintf(stderr, "usage: kilnet_run BUNDLE forward INPUTS.bin OUTPUTS.bin\n"
                         "       kilnet_run BUNDLE train INPUTS.bin TARGETS.bin OUTDIR\n");
@@ -242,6 +361,7 @@ int main(int argc, char **argv) {
     }
     bundle = argv[1];
     load_plan();
+    if (!open_opencl(path, sizeof path)) die("%s", path);
     dev = pick_device();
     ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err); CHECK(err, "cannot create a context");
     queue = clCreateCommandQueue(ctx, dev, 0, &err); CHECK(err, "cannot create a command queue");

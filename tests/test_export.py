@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 
+import c_runner
+
 import kilnet as kn
 from kilnet import export, mql5
 from kilnet.compiler import names
@@ -21,7 +23,6 @@ from test_cli import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
-RUNNER = os.path.join(ROOT, "runner", "kilnet_run.c")
 # Python and the runner share one device: PoCL where it builds kernels (it came with pyopencl's
 # wheel), else Intel's CPU runtime (PoCL 3.0 cannot build on CPUs newer than its LLVM); where
 # none builds, PoCL, whose refusal then says why.
@@ -68,19 +69,15 @@ def on_device(monkeypatch):
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    cc = shutil.which("cc")
-    assert cc, "no C compiler `cc` on PATH (Debian: apt-get install gcc)"
+    """The runner, built as tests/c_runner.py says (system packages or PyPI's)."""
     out = str(tmp_path_factory.mktemp("runner") / "kilnet_run")
-    r = subprocess.run([cc, "-std=c99", "-O2", "-Wall", "-o", out, RUNNER, "-lOpenCL", "-lm"],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, ("building runner/kilnet_run.c failed (Debian: apt-get install "
-                               "opencl-headers ocl-icd-opencl-dev):\n" + r.stderr)
+    print(c_runner.build(out))
     return out
 
 
 @pytest.fixture(scope="module")
 def run_env(tmp_path_factory):
-    """The environment for the runner: the system ICD loader pointed at DEVICE alone. PoCL's .icd
+    """The environment for the runner: its ICD loader (c_runner.py) pointed at DEVICE alone. PoCL's .icd
     beside pyopencl's wheel names its library without a path; Intel's library from PyPI finds its
     runtime libraries beside itself."""
     import pyopencl
@@ -98,7 +95,7 @@ def run_env(tmp_path_factory):
         vendors = tmp_path_factory.mktemp("icd")
         (vendors / f"{DEVICE}.icd").write_text(lib + "\n")
         env["OCL_ICD_VENDORS"] = str(vendors)
-    return env
+    return c_runner.environment(env)
 
 
 def run(runner, env, *args):

@@ -1,0 +1,90 @@
+"""How the tests build and run the C runner (runner/kilnet_run.c), with or without system packages.
+
+KILNET_RUNNER_SYSTEM:
+- unset: each piece from the system where it is there, else from PyPI: the system's ``cc`` else
+  zig's (``python -m ziglang cc``, the test extra's); <CL/cl.h> if that compiler finds it, else the
+  runner's own declarations; the system's ICD loader (libOpenCL.so.1) if one loads, else
+  pyopencl's (pyopencl/.libs);
+- "0": everything from PyPI, as on a machine without them (zig, the runner's own declarations,
+  pyopencl's loader): .ci/run's main job;
+- "1": everything from the system (cc, <CL/cl.h>, libOpenCL.so.1), failing where one is missing:
+  .ci/run's system-packages job.
+"""
+import ctypes
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "..", "runner", "kilnet_run.c")
+
+
+def _mode():
+    mode = os.environ.get("KILNET_RUNNER_SYSTEM", "")
+    if mode not in ("", "0", "1"):
+        raise ValueError(f"KILNET_RUNNER_SYSTEM must be 0 or 1, got {mode!r}")
+    return mode
+
+
+def compiler():
+    """(argv prefix of the C compiler, what it is)."""
+    mode, cc = _mode(), shutil.which("cc")
+    if mode == "1" or (mode == "" and cc):
+        assert cc, "KILNET_RUNNER_SYSTEM=1 but there is no `cc` on PATH (apt-get install gcc)"
+        return [cc], f"the system's cc ({cc})"
+    return [sys.executable, "-m", "ziglang", "cc"], "zig's cc (python -m ziglang cc)"
+
+
+def pyopencl_loader():
+    import pyopencl
+    found = glob.glob(os.path.join(os.path.dirname(pyopencl.__file__), ".libs", "libOpenCL*.so*"))
+    assert found, "pyopencl's wheel carries no ICD loader in pyopencl/.libs"
+    return found[0]
+
+
+def loader():
+    """The ICD loader the runner is to open: None for the system's, else a path."""
+    mode = _mode()
+    if mode == "0":
+        return pyopencl_loader()
+    try:
+        ctypes.CDLL("libOpenCL.so.1")
+        return None
+    except OSError:
+        assert mode != "1", "KILNET_RUNNER_SYSTEM=1 but libOpenCL.so.1 does not load " \
+                            "(apt-get install ocl-icd-libopencl1)"
+        return pyopencl_loader()
+
+
+def build(out):
+    """Compile the runner to ``out``; returns what it was built with (its ``--about`` line)."""
+    cc, _ = compiler()
+    flags = ["-DKILNET_OWN_CL"] if _mode() == "0" else []
+    r = subprocess.run(cc + ["-std=c99", "-O2", "-Wall", *flags, "-o", out, SOURCE, "-ldl", "-lm"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"building runner/kilnet_run.c with {' '.join(cc)} failed:\n{r.stderr}"
+    assert "warning" not in r.stderr, r.stderr
+    about = subprocess.run([out, "--about"], capture_output=True, text=True, timeout=60,
+                           env=environment(os.environ))
+    assert about.returncode == 0, about.stdout + about.stderr
+    if _mode() == "1":
+        assert "system's <CL/cl.h>" in about.stdout, "KILNET_RUNNER_SYSTEM=1 but the compiler " \
+            "found no <CL/cl.h> (apt-get install opencl-headers)"
+    return about.stdout.strip()
+
+
+def environment(env):
+    """``env`` with the runner pointed at the chosen ICD loader."""
+    env = dict(env)
+    lib = loader()
+    if lib:
+        env["KILNET_OPENCL_LIBRARY"] = lib
+    else:
+        env.pop("KILNET_OPENCL_LIBRARY", None)
+    return env
+
+
+def describe():
+    return f"C runner built with {compiler()[1]}, ICD loader: {loader() or 'the system libOpenCL.so.1'}"
