@@ -391,6 +391,8 @@ def train(bars=None, steps=200, batch=64, lr=1e-3, gamma=0.5, step_size=None, ta
     if "columns" in bars:
         say("columns: " + ", ".join(f"{k} {v!r}" if v is not None else f"{k} (none)"
                                     for k, v in bars["columns"].items()))
+    if bars.get("dropped"):
+        say(f"{bars['dropped']} bars with a missing value (empty, NA, NaN, null) dropped")
     say(f"{data.n} {freq.label} {source} from {timeseries_csv.show(bars['time'][0], freq)} to "
         f"{timeseries_csv.show(bars['time'][-1], freq)}; "
         f"{data.split - data.first} training decisions, {data.n - data.split} held out; "

@@ -61,11 +61,15 @@ except ModuleNotFoundError:     # loaded from its path by a tool: the module lie
 DAY, YEAR = timeseries_csv.DAY, timeseries_csv.YEAR
 
 
-def read_csv(path, date_column=None, value_column=None, min_rows=None):
+def read_csv(path, date_column=None, value_column=None, min_rows=None, missing="interpolate",
+             na_values=()):
     """Read a series from ``path``: (seconds since the first date (float64), values (float64),
-    timeseries_csv.Series). Raises ValueError with a one-line message on a malformed file."""
+    timeseries_csv.Series). Missing values (empty cells, NA, NaN, null, or ``na_values``) are
+    handled as ``missing`` says: "interpolate" (linearly in time), "drop" or "error". Raises
+    ValueError with a one-line message on a malformed file."""
     series = timeseries_csv.read_series(path, date_column, value_column, min_rows=min_rows,
-                                        need="history + horizon and enough windows to train and test")
+                                        need="history + horizon and enough windows to train and test",
+                                        missing=missing, na_values=na_values)
     t = series.times.astype(np.int64)
     return (t - t[0]).astype(np.float64), series.values, series
 
@@ -158,17 +162,25 @@ def plot(path, losses, seconds, values, origin, forecast, freq):
 
 def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=32,
           history=64, horizon=14, width=16, lr=3e-3, test_fraction=0.2, seed=0, log_every=100,
-          plot_path=None, progress=True, quiet=False, series_length=1000):
+          plot_path=None, progress=True, quiet=False, series_length=1000, missing="interpolate",
+          na_values=()):
     """Train and evaluate; returns a dict with the per-step losses and the report."""
     say = (lambda *a: None) if quiet else print
     min_rows = history + horizon + 2 * batch + horizon
+    filled = None
     if csv_path:
-        seconds, values, series = read_csv(csv_path, date_column, value_column, min_rows=min_rows)
+        seconds, values, series = read_csv(csv_path, date_column, value_column, min_rows=min_rows,
+                                           missing=missing, na_values=na_values)
         freq = series.freq
         source = os.path.basename(csv_path)
         columns = (f" from {timeseries_csv.show(series.times[0], freq)} to "
                    f"{timeseries_csv.show(series.times[-1], freq)}; date column "
                    f"{series.date_column!r}, value column {series.value_column!r}")
+        if series.filled:
+            how = {"interpolate": "missing values filled by linear interpolation in time",
+                   "drop": "rows with a missing value dropped"}[series.missing]
+            filled = (series.filled, series.missing)
+            columns += f"; {series.filled} {how}"
     else:
         seconds, values, freq = synthetic(series_length, seed)
         source, columns = f"synthetic daily series ({len(values)} days)", ""
@@ -228,7 +240,8 @@ def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=3
     if plot_path:
         plot(plot_path, losses, seconds, values, int(test_origins[-1]), pred[-1], freq)
         say(f"wrote {plot_path}")
-    return {"model": model, "losses": losses, "report": report, "kind": freq.label, "freq": freq}
+    return {"model": model, "losses": losses, "report": report, "kind": freq.label, "freq": freq,
+            "filled": filled}
 
 
 def _period(seconds):
@@ -247,6 +260,11 @@ def main(argv=None):
                     help="the date column (default: found from the header, see above)")
     ap.add_argument("--value-column", metavar="NAME",
                     help="the value column (default: value, y, close, ... or the only numeric one)")
+    ap.add_argument("--missing", choices=timeseries_csv.MISSING, default="interpolate",
+                    help="missing values (empty cells, NA, NaN, null): fill linearly in time "
+                         "(interpolate, the default), drop their rows, or stop with an error")
+    ap.add_argument("--na-value", action="append", default=[], metavar="TEXT",
+                    help="a sentinel that also means missing, such as -999.99 (repeatable)")
     ap.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
     ap.add_argument("--batch", type=int, default=32, help="windows per step (default 32)")
     ap.add_argument("--history", type=int, default=64, help="past values the model sees (default 64)")
@@ -269,7 +287,8 @@ def main(argv=None):
                      batch=args.batch, history=args.history, horizon=args.horizon, width=args.width,
                      lr=args.lr, test_fraction=args.test_fraction, seed=args.seed,
                      log_every=args.log_every, plot_path=args.plot,
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, missing=args.missing,
+                     na_values=args.na_value)
     except ValueError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
 

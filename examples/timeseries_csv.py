@@ -39,9 +39,17 @@ seasonal-naive forecast and the harmonics use:
     week 52 (a year)      month 12          quarter 4        year 1 (no season)
 
 (k-minute and k-hour steps: a day's worth, 1440/k or 24/k, rounded.) Minute data gets a day rather
-than an hour because intraday trading and demand follow the clock of the day. Gaps are left as
-they are: no rows are invented or filled; the models read consecutive rows and see the real
-timestamps, and ``Frequency.gaps`` counts the steps longer than 1.5 times the median.
+than an hour because intraday trading and demand follow the clock of the day. Gaps in time (rows
+that are not there) are left as they are: no rows are invented; the models read consecutive rows
+and see the real timestamps, and ``Frequency.gaps`` counts the steps longer than 1.5 times the median.
+
+Missing values. An empty cell, ``NA``, ``N/A``, ``NaN``, ``null`` or ``None`` (any case), or a
+sentinel the caller names (``na_values``, e.g. ``-999.99``; never guessed) is a missing value.
+``read_series(missing=...)``: "interpolate" (the default) fills each linearly in time between
+its neighbours (one at either end takes the nearest value), "drop" removes its row, "error"
+raises; ``Series.filled`` counts the values filled or dropped. A series with more than half of
+its values missing is refused. ``read_bars`` drops a bar with a missing price (or open, high,
+low or volume) and counts it in ``bars["dropped"]``.
 
 Errors. Anything unreadable raises ValueError with a one-line message naming the file, the line
 and the value: a missing column, an unparsable date, a non-numeric or non-finite value, rows
@@ -155,12 +163,16 @@ class Table:
             raise ValueError(f"{self.path}, line {lineno}: {len(row)} fields, expected at least {i + 1}")
         return row[i]
 
-    def numbers(self, i, what):
-        """Column ``i`` as float64; ValueError naming the line of a non-numeric or infinite value."""
+    def numbers(self, i, what, na_values=None):
+        """Column ``i`` as float64; ValueError naming the line of a non-numeric or infinite value.
+        With ``na_values`` (a set of texts, ``missing_texts``), a missing value is NaN."""
         decimal_comma = self.delimiter != ","
         out = np.empty(len(self.rows))
         for k, (lineno, row) in enumerate(self.rows):
             text = self.field(lineno, row, i)
+            if na_values is not None and text.strip().lower() in na_values:
+                out[k] = np.nan
+                continue
             try:
                 v = float(text.replace(",", ".") if decimal_comma else text)
             except ValueError:
@@ -171,6 +183,43 @@ class Table:
                                  f"{self.header[i] or '(unnamed)'!r} is not finite")
             out[k] = v
         return out
+
+
+# -- missing values -----------------------------------------------------------------------------
+NA_TEXTS = ("", "na", "n/a", "nan", "null", "none")
+MISSING = ("interpolate", "drop", "error")
+MOST_MISSING = 0.5          # a series with more of its values missing is refused
+
+
+def missing_texts(na_values=()):
+    """The cell texts (lower case) read as a missing value: NA_TEXTS and the caller's sentinels."""
+    if isinstance(na_values, str):
+        na_values = [na_values]
+    return set(NA_TEXTS) | {str(v).strip().lower() for v in na_values}
+
+
+def fill_missing(path, times, values, lines, missing, what="value"):
+    """(times, values, how many were missing) with the NaNs of ``values`` (ordered by ``times``,
+    seconds) handled as ``missing`` says; ``lines`` are the rows' line numbers, for messages."""
+    if missing not in MISSING:
+        raise ValueError(f"missing must be one of {', '.join(MISSING)}, got {missing!r}")
+    gaps = np.isnan(values)
+    n = int(gaps.sum())
+    if not n:
+        return times, values, 0
+    if n > MOST_MISSING * len(values):
+        raise ValueError(f"{path}: {n} of {len(values)} {what}s are missing (more than "
+                         f"{MOST_MISSING:.0%}): too few to fill from")
+    if missing == "error":
+        raise ValueError(f"{path}, line {lines[int(np.argmax(gaps))]}: {what} is missing ({n} "
+                         f"missing in all); fill them (missing='interpolate') or drop their rows "
+                         f"(missing='drop')")
+    if missing == "drop":
+        return times[~gaps], values[~gaps], n
+    t = times.astype(np.float64)
+    out = values.copy()
+    out[gaps] = np.interp(t[gaps], t[~gaps], values[~gaps])
+    return times, out, n
 
 
 # -- timestamps ---------------------------------------------------------------------------------
@@ -332,16 +381,22 @@ def show(t, freq):
 
 
 # -- series -------------------------------------------------------------------------------------
-Series = namedtuple("Series", "times values freq date_column value_column")
+# filled: how many values were missing (filled or dropped, as ``missing`` says; None if none was)
+Series = namedtuple("Series", "times values freq date_column value_column filled missing",
+                    defaults=(0, None))
 Series.__doc__ = """times (datetime64[s]), values (float64), freq (Frequency), and the names of
 the columns read."""
 
 
-def read_series(path, date_column=None, value_column=None, min_rows=None, need=""):
+def read_series(path, date_column=None, value_column=None, min_rows=None, need="",
+                missing="interpolate", na_values=()):
     """A (date, value) series from the CSV at ``path``. Columns are found as the module docstring
     says unless named; the value column, unless named, is one called value, y, close, adj close,
     price or target, or else the only numeric column. ``min_rows``: fewer rows raise ValueError
-    (``need`` says why in the message)."""
+    (``need`` says why in the message). ``missing`` and ``na_values``: see "Missing values"."""
+    if missing not in MISSING:
+        raise ValueError(f"missing must be one of {', '.join(MISSING)}, got {missing!r}")
+    na = missing_texts(na_values)
     table = Table(path)
     cols, tname = _time_columns(table, date_column, "--date-column")
     if value_column:
@@ -349,7 +404,9 @@ def read_series(path, date_column=None, value_column=None, min_rows=None, need="
     else:
         vi = table.find(VALUE_NAMES)
         if vi is None or vi in cols:
-            numeric = [i for i in range(len(table.header)) if i not in cols and _is_number(table.first(i))]
+            numeric = [i for i in range(len(table.header)) if i not in cols and
+                       any(_is_number(r[i]) for _, r in table.rows[:20]
+                           if i < len(r) and r[i].strip().lower() not in na)]
             if not numeric:
                 raise ValueError(f"{path}: no numeric value column (columns: {table.columns()}); "
                                  "name it with --value-column")
@@ -359,15 +416,18 @@ def read_series(path, date_column=None, value_column=None, min_rows=None, need="
                                  "choose one with --value-column")
             vi = numeric[0]
     times, _ = _read_times(table, cols, tname)
-    values = table.numbers(vi, "value")
+    values = table.numbers(vi, "value", na)
+    order = _order(table, times)
+    times, values = times[order], values[order]
+    lines = [table.rows[k][0] for k in order]
+    times, values, filled = fill_missing(path, times, values, lines, missing)
     if min_rows is not None and len(values) < min_rows:
         raise ValueError(f"{path}: too few rows: {len(values)}, need at least {min_rows}"
                          + (f" ({need})" if need else ""))
-    order = _order(table, times)
-    times, values = times[order], values[order]
     if len(values) < 2:
-        raise ValueError(f"{path}: too few rows: 1, need at least 2")
-    return Series(times, values, infer_frequency(times), tname, table.header[vi] or "(unnamed)")
+        raise ValueError(f"{path}: too few rows: {len(values)}, need at least 2")
+    return Series(times, values, infer_frequency(times), tname, table.header[vi] or "(unnamed)",
+                  filled, missing if filled else None)
 
 
 def _is_number(text):
@@ -380,7 +440,7 @@ def _is_number(text):
 
 # -- bars ---------------------------------------------------------------------------------------
 def read_bars(path, time_column=None, price_column=None, open_column=None, high_column=None,
-              low_column=None, volume_column=None, min_bars=None, need=""):
+              low_column=None, volume_column=None, min_bars=None, need="", na_values=()):
     """OHLCV bars from the CSV at ``path``: a dict with ``time`` (datetime64[s]), ``open``,
     ``high``, ``low``, ``close``, ``volume`` (float64) and ``columns`` (what was read from where).
 
@@ -391,7 +451,9 @@ def read_bars(path, time_column=None, price_column=None, open_column=None, high_
     When the price column is not the Close column and the file has one too (Yahoo's Adj Close next
     to Close), Open, High and Low are scaled by price/Close, as adjusted prices are made.
     Volume: Volume, else TickVol, Vol or Real Volume; ``volume_column="none"`` reads none (zeros).
+    A bar with a missing value in a column it reads is dropped; ``dropped`` counts them.
     """
+    na = missing_texts(na_values)
     table = Table(path)
     cols, tname = _time_columns(table, time_column, "--time-column")
     pi = (table.column(price_column, "--price-column") if price_column
@@ -419,21 +481,33 @@ def read_bars(path, time_column=None, price_column=None, open_column=None, high_
         raise ValueError(f"{path}: {len(table.rows)} bars; need at least {min_bars}"
                          + (f" ({need})" if need else ""))
     times, _ = _read_times(table, cols, tname)
-    close = table.numbers(pi, "price")
-    volume = table.numbers(vi, "volume") if vi is not None else np.zeros(len(close))
+    close = table.numbers(pi, "price", na)
+    volume = table.numbers(vi, "volume", na) if vi is not None else np.zeros(len(close))
     columns = {"time": tname}
     if found:
-        o, h, l = (table.numbers(idx[k], k) for k in ("open", "high", "low"))
+        o, h, l = (table.numbers(idx[k], k, na) for k in ("open", "high", "low"))
         ci = table.find(["close"])
         if ci is not None and ci != pi:
-            scale = close / np.where(table.numbers(ci, "close") == 0, 1.0, table.numbers(ci, "close"))
+            raw = table.numbers(ci, "close", na)
+            scale = close / np.where(raw == 0, 1.0, raw)
             o, h, l = o * scale, h * scale, l * scale
         columns.update({k: table.header[idx[k]] for k in idx})
     else:
         columns.update(open="(previous close)", high="(max of open, close)", low="(min of open, close)")
     columns.update(close=table.header[pi], volume=table.header[vi] if vi is not None else None)
     order = _order(table, times, "time")
+    gaps = np.isnan(close) | np.isnan(volume)
+    if found:
+        gaps |= np.isnan(o) | np.isnan(h) | np.isnan(l)
+    dropped = int(gaps.sum())
+    if dropped > MOST_MISSING * len(close):
+        raise ValueError(f"{path}: {dropped} of {len(close)} bars have a missing value (more "
+                         f"than {MOST_MISSING:.0%})")
+    order = order[~gaps[order]]
     times, close, volume = times[order], close[order], volume[order]
+    if min_bars is not None and len(close) < min_bars:
+        raise ValueError(f"{path}: {len(close)} bars with every value ({dropped} dropped); need at "
+                         f"least {min_bars}" + (f" ({need})" if need else ""))
     if found:
         o, h, l = o[order], h[order], l[order]
         bad = np.nonzero(h < l)[0]
@@ -443,4 +517,4 @@ def read_bars(path, time_column=None, price_column=None, open_column=None, high_
         o = np.concatenate([close[:1], close[:-1]])
         h, l = np.maximum(o, close), np.minimum(o, close)
     return {"time": times, "open": o, "high": h, "low": l, "close": close, "volume": volume,
-            "columns": columns}
+            "columns": columns, "dropped": dropped}

@@ -274,6 +274,21 @@ def test_pandas_written_file_runs(dq, tmp_path, capsys):
     assert "800 hourly bars in df.csv from 2024-01-01 00:00 to" in out
 
 
+def test_bars_with_a_missing_close_are_dropped_and_counted(dq, tmp_path, capsys):
+    bars = dq.synthetic_bars(810, seed=1)
+    path = write_pandas(tmp_path / "gaps.csv", bars)
+    lines = open(path).read().splitlines()
+    for i in (10, 200, 201, 650):                  # data rows: the close is the 5th field
+        fields = lines[i + 1].split(",")
+        fields[4] = "" if i != 650 else "NaN"
+        lines[i + 1] = ",".join(fields)
+    (tmp_path / "gaps.csv").write_text("\n".join(lines) + "\n")
+    rep = dq.main(["--csv", path] + TINY)
+    out = capsys.readouterr().out
+    assert "4 bars with a missing value (empty, NA, NaN, null) dropped" in out
+    assert "806 hourly bars in gaps.csv" in out and len(rep["losses"]) == 3
+
+
 def test_one_price_column_chosen_by_flag(dq, tmp_path, capsys):
     # Daily closes in compact dates, newest first, with two price columns: trade the second.
     days = np.arange(np.datetime64("2020-01-01"), np.datetime64("2020-01-01") + 760)

@@ -155,3 +155,43 @@ def test_a_bad_line_exits_2_with_one_line(fc, tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1
     assert "b.csv, line 42: unparsable date '2020-02-30' in column 'date'" in err
+
+
+def weekly_with_gaps(fc, tmp_path, n=300, every=37, cell=""):
+    """A weekly series with YYYYMMDD dates and one empty cell in ``every`` (2.7 %), like Mauna
+    Loa's weekly CO2 record."""
+    _, v, _ = fc.synthetic(n, seed=4)
+    weeks = np.datetime64("1974-05-19") + 7 * np.arange(n)
+    rows = [f"{str(d).replace('-', '')},{cell if i % every == 5 else f'{x:.3f}'}\n"
+            for i, (d, x) in enumerate(zip(weeks, v))]
+    return write(tmp_path / "co2_weekly.csv", "date,ppm\n" + "".join(rows)), sum(
+        1 for i in range(n) if i % every == 5)
+
+
+def test_a_weekly_series_with_empty_cells_trains_and_says_what_it_filled(fc, tmp_path, capsys):
+    path, gaps = weekly_with_gaps(fc, tmp_path)
+    assert 0.02 <= gaps / 300 <= 0.03
+    result = fc.main(["--csv", path] + TINY)
+    out = capsys.readouterr().out
+    assert result["filled"] == (gaps, "interpolate")
+    assert f"{gaps} missing values filled by linear interpolation in time" in out
+    rep = result["report"]
+    assert result["freq"].unit == "week" and "seasonal_naive" in rep
+    assert all(math.isfinite(r["mae"]) for r in rep.values())
+    assert "seasonal naive (52)" in out
+
+
+def test_missing_value_options_on_the_command_line(fc, tmp_path, capsys):
+    path, gaps = weekly_with_gaps(fc, tmp_path)
+    result = fc.main(["--csv", path, "--missing", "drop"] + TINY)
+    assert result["filled"] == (gaps, "drop")
+    assert f"{gaps} rows with a missing value dropped" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        fc.main(["--csv", path, "--missing", "error"] + TINY)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "co2_weekly.csv, line 7: value is missing" in err and len(err.strip().splitlines()) == 1
+    sentinel, _ = weekly_with_gaps(fc, tmp_path, cell="-999.99")
+    result = fc.main(["--csv", sentinel, "--na-value", "-999.99"] + TINY)
+    assert result["filled"] == (gaps, "interpolate")
+    capsys.readouterr()

@@ -179,7 +179,7 @@ def test_price_column_choice_and_adjusted_close(tc, tmp_path):
     ("date,value\n01/02/2024,1\n", "line 2: unparsable date '01/02/2024' in column 'date' (accepted: YYYY-MM-DD"),
     ("date,value\n20240101,1\n2024-01-02,2\n", "line 3: unparsable date '2024-01-02' in column 'date' (the file's dates are YYYYMMDD"),
     ("date,value\n2024-01-01,1\n2024-01-02,abc\n", "line 3: value 'abc' in column 'value' is not a number"),
-    ("date,value\n2024-01-01,1\n2024-01-02,\n", "line 3: value '' in column 'value' is not a number"),
+    ("date,value\n2024-01-01,1\n2024-01-02,1.2.3\n", "line 3: value '1.2.3' in column 'value' is not a number"),
     ("date,value\n2024-01-01,1\n2024-01-02,inf\n", "line 3: value 'inf' in column 'value' is not finite"),
     ("date,value\n2024-01-02,1\n2024-01-03,2\n2024-01-01,3\n", "line 4: date 2024-01-01 is not after the previous row's 2024-01-03"),
     ("date,value\n2024-01-01\n", "line 2: 1 fields, expected at least 2"),
@@ -246,3 +246,68 @@ def test_malformed_bars(tc, tmp_path, header, edit, message):
 def test_too_few_bars(tc, tmp_path):
     with pytest.raises(ValueError, match=r"10 bars; need at least 700 \(why\)"):
         tc.read_bars(write(tmp_path / "few.csv", "\n".join(bar_lines()) + "\n"), min_bars=700, need="why")
+
+
+# -- missing values ----------------------------------------------------------------------------------
+def gappy_weekly(tmp_path, n=120, missing=(5, 6, 40, 77), cell=""):
+    """A weekly YYYYMMDD series (a straight line in time) with ``cell`` where ``missing`` are."""
+    weeks = np.datetime64("2020-01-05") + 7 * np.arange(n)
+    rows = [f"{str(d).replace('-', '')},{cell if i in missing else 2.0 * i + 1.0}\n"
+            for i, d in enumerate(weeks)]
+    return write(tmp_path / "gappy.csv", "date,co2\n" + "".join(rows)), weeks
+
+
+@pytest.mark.parametrize("cell", ["", "NA", "NaN", "null", "n/a", "None"])
+def test_missing_values_are_interpolated_in_time_by_default(tc, tmp_path, cell):
+    path, weeks = gappy_weekly(tmp_path, cell=cell)
+    s = tc.read_series(path)
+    assert (s.filled, s.missing, len(s.values)) == (4, "interpolate", 120)
+    np.testing.assert_allclose(s.values, 2.0 * np.arange(120) + 1.0)      # the line, gaps included
+    assert s.freq.label == "weekly"
+
+
+def test_interpolation_follows_the_timestamps_not_the_rows(tc, tmp_path):
+    """A gap next to a missing week: the fill is where the line is at that date."""
+    days = np.datetime64("2024-01-01") + np.array([0, 1, 2, 5, 6, 7])
+    body = "date,v\n" + "".join(f"{d},{'' if i == 3 else float((d - days[0]).astype(int))}\n"
+                                for i, d in enumerate(days))
+    s = tc.read_series(write(tmp_path / "t.csv", body))
+    assert s.values[3] == 5.0 and s.filled == 1
+
+
+def test_missing_values_dropped_or_refused_on_request(tc, tmp_path):
+    path, weeks = gappy_weekly(tmp_path)
+    s = tc.read_series(path, missing="drop")
+    assert (s.filled, s.missing, len(s.values)) == (4, "drop", 116)
+    assert 40 not in ((s.values - 1.0) / 2.0).astype(int)
+    with pytest.raises(ValueError, match=r"gappy.csv, line 7: value is missing \(4 missing in all\)"):
+        tc.read_series(path, missing="error")
+    with pytest.raises(ValueError, match="missing must be one of interpolate, drop, error"):
+        tc.read_series(path, missing="zero")
+
+
+def test_a_sentinel_is_missing_only_when_named(tc, tmp_path):
+    path, _ = gappy_weekly(tmp_path, cell="-999.99")
+    assert tc.read_series(path).values[5] == -999.99                     # a number like any other
+    s = tc.read_series(path, na_values=["-999.99"])
+    assert s.filled == 4 and s.values[5] == 11.0
+
+
+def test_a_series_that_is_mostly_gaps_is_refused(tc, tmp_path):
+    path, _ = gappy_weekly(tmp_path, n=20, missing=set(range(11)))
+    with pytest.raises(ValueError, match="11 of 20 values are missing"):
+        tc.read_series(path)
+
+
+def test_bars_with_a_missing_value_are_dropped_and_counted(tc, tmp_path):
+    t = hours(30)
+    rows = []
+    for i, ts in enumerate(t):
+        o, h, l, c, v = ohlcv(i)
+        c = "" if i in (3, 17) else c
+        v = "NA" if i == 20 else v
+        rows.append(f"{str(ts).replace('T', ' ')},{o},{h},{l},{c},{v}\n")
+    bars = tc.read_bars(write(tmp_path / "b.csv", "Time,Open,High,Low,Close,Volume\n" + "".join(rows)))
+    assert bars["dropped"] == 3 and len(bars["close"]) == 27
+    assert np.isfinite(bars["close"]).all() and np.isfinite(bars["volume"]).all()
+    assert t[3] not in bars["time"] and t[20] not in bars["time"]
