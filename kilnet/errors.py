@@ -75,7 +75,7 @@ class NonFiniteLoss(KilnetError):
         if report is None or report["node"] is None:
             return "re-running the step's forward launches one at a time found no non-finite output"
         loss = report["op"] == "loss"
-        where = ("an input" if report["kernel"] is None else
+        where = (f"the {report.get('data', 'feed')} {report['node']!r}" if report["kernel"] is None else
                  f"the loss {report['node']!r}" if loss else f"node {report['node']!r}")
         if "rank" in report:
             where += f" on rank {report['rank']}"

@@ -59,9 +59,12 @@ class Model:
     def train_step(self, feeds, targets, skip_non_finite=False):
         """One training step (forward, loss, backward, state update, optimizer); returns the loss.
 
-        skip_non_finite: read the loss before the backward pass and, when it is NaN or infinite,
-        apply nothing (parameters, moments, statistics and ``step`` stay as they were); costs one
-        extra wait per step."""
+        When the loss is NaN or infinite, the step changes nothing: the device skips every update
+        (parameters, moments, statistics; names.STEP_OK) and ``step`` stays as it was. Then
+        this raises ``kn.FeedError`` naming the feed or target that holds a non-finite value, or
+        ``kn.NonFiniteLoss`` when the data is finite (``first_non_finite`` finds the node);
+        with ``skip_non_finite=True`` it returns the loss instead. Either way the fast path
+        reads nothing more than the loss, and looks at the data only after a non-finite one."""
         if self.optimizer is None:
             raise CompileError(f"train_step: model {self.graph.name!r} was compiled without an "
                                f"optimizer; compile it with optimizer=kn.SGD(...) or kn.Adam(...) "
@@ -73,23 +76,40 @@ class Model:
             self._exec.write(names.SCALARS, self._scalars(self.step + 1))
             if self._dist is not None:
                 loss, bad = self._exchange(self._grad)
-                if bad and skip_non_finite:
-                    return loss
-                self._dist.apply()
-                self._run(self._train[len(self._grad):])     # state updates, optimizer
-                self.step += 1
-                return loss
-            if skip_non_finite:
-                self._run(self._eval)               # the train sequence starts with these
-                loss = self._loss()
-                if not math.isfinite(loss):
-                    return loss
-                self._run(self._train[len(self._eval):])
+                if not bad:
+                    self._dist.apply()
+                    # every rank's loss decides: the host sets the guard the updates read
+                    self._exec.write(names.STEP_OK, np.ones(1))
+                    self._run(self._train[len(self._grad):])     # state updates, optimizer
+                    self.step += 1
             else:
-                self._run(self._train)
+                self._run(self._train)       # the updates skip themselves on a non-finite loss
                 loss = self._loss()
-            self.step += 1
+                if math.isfinite(loss):
+                    self.step += 1
+        if not math.isfinite(loss) and not skip_non_finite:
+            raise self._non_finite("train_step", loss, arrays, tarrays)
         return loss
+
+    def _non_finite(self, call, loss, arrays, tarrays):
+        """The error for a non-finite loss of ``call``, which changed nothing: the feed or target
+        that holds a non-finite value, else the loss itself."""
+        for kind, data in (("feed", arrays), ("target", tarrays)):
+            for name, arr in data.items():
+                bad = ~np.isfinite(np.asarray(arr, dtype=np.float64))
+                if bad.any():
+                    first = np.unravel_index(int(np.argmax(bad)), bad.shape)
+                    return FeedError(
+                        f"{call}: {kind} {name!r} holds {int(bad.sum())} non-finite value(s), the "
+                        f"first at sample {first[0]}, index {tuple(int(i) for i in first[1:])}; "
+                        f"nothing was updated (parameters, optimizer moments, statistics and "
+                        f"step {self.step} are as they were)")
+        ranks = " on some rank" if self._dist is not None else ""
+        return NonFiniteLoss(
+            f"{call}: model {self.graph.name!r}: the loss is {loss}{ranks} though the data is "
+            f"finite; nothing was updated (step {self.step}). "
+            f"model.first_non_finite(feeds, targets) names the first node that went non-finite; "
+            f"a lower learning rate often helps", step=self.step + 1, loss=loss)
 
     def gradients(self, feeds, targets):
         """Gradients of the loss without any update: {param name: grad} plus {input name: grad}
@@ -196,9 +216,11 @@ class Model:
         _, arrays = self._feeds(feeds)
         tarrays = self._targets(targets)
 
-        for name, arr in list(arrays.items()) + list(tarrays.items()):
+        for kind, name, arr in [("feed", k, v) for k, v in arrays.items()] + \
+                [("target", k, v) for k, v in tarrays.items()]:
             if not np.isfinite(arr).all():
-                return dict(node=name, op=None, launch=None, kernel=None, size=int(arr.size),
+                return dict(node=name, data=kind, op=None, launch=None, kernel=None,
+                            size=int(arr.size),
                             non_finite=int(arr.size - np.isfinite(arr).sum()), inputs={},
                             params=diagnose.non_finite_params(self.plan, self._exec.read))
         found = []

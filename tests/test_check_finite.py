@@ -102,8 +102,34 @@ def test_a_clean_model_matches_the_unchecked_one_bit_for_bit(debug):
         assert np.array_equal(a, b)
 
 
-def test_without_the_option_non_finite_values_pass_through():
+def test_without_the_option_a_non_finite_feed_is_named_and_changes_nothing():
+    """No launch-by-launch check: the device skips the step's updates on a non-finite loss, and
+    train_step names the feed (or returns the loss with skip_non_finite=True)."""
     model = compile(False)
     x, t = data()
     x["x"][0, 0] = np.inf
-    assert not np.isfinite(model.train_step(x, t))
+    before = snapshot(model)
+    with pytest.raises(kn.FeedError, match=r"feed 'x' holds 1 non-finite value\(s\), the first "
+                                           r"at sample 0, index \(0,"):
+        model.train_step(x, t)
+    assert not np.isfinite(model.train_step(x, t, skip_non_finite=True))
+    assert model.step == 0
+    for k, v in snapshot(model).items():
+        assert np.array_equal(v, before[k], equal_nan=True), k
+
+
+def test_a_non_finite_loss_from_finite_data_is_a_non_finite_loss_error_and_changes_nothing():
+    model = compile(False)
+    x, t = data()
+    model.train_step(x, t)
+    name = sorted(model.plan.params)[0]
+    broken = model.params[name]
+    broken.flat[0] = np.nan
+    model.params[name] = broken
+    before = snapshot(model)
+    with pytest.raises(kn.NonFiniteLoss, match="though the data is finite; nothing was updated "
+                                               r"\(step 1\)"):
+        model.train_step(x, t)
+    assert model.step == 1
+    for k, v in snapshot(model).items():
+        assert np.array_equal(v, before[k], equal_nan=True), k

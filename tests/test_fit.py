@@ -157,3 +157,15 @@ def test_first_non_finite_is_none_on_a_healthy_model_and_flags_bad_feeds(model):
     x[3, 1] = np.nan
     r = model.first_non_finite({"x": x}, {"y": y})
     assert r["node"] == "x" and r["kernel"] is None and r["non_finite"] == 1
+
+
+def test_fit_names_a_non_finite_target(model):
+    x, y = data(32)
+    y[5, 0] = np.nan
+    before = {k: model.params[k] for k in model.params}
+    with pytest.raises(kn.NonFiniteLoss, match="first non-finite output is the target 'y'"):
+        kn.fit(model, batches(x, y), epochs=1, progress=False)
+    r = model.first_non_finite({"x": x[:model.batch]}, {"y": y[:model.batch]})
+    assert (r["node"], r["data"]) == ("y", "target")
+    for k in before:
+        np.testing.assert_array_equal(model.params[k], before[k], err_msg=k)

@@ -67,5 +67,8 @@ def test_train_step_can_skip_a_non_finite_update():
     a = m.train_step({"x": x}, {"y": t}, skip_non_finite=True)
     b = twin.train_step({"x": x}, {"y": t})
     assert a == b and m.step == twin.step == 2        # the guarded step is the same step
-    assert not np.isfinite(twin.train_step({"x": x}, {"y": bad}))   # unguarded: applied
-    assert twin.step == 3
+    with pytest.raises(kn.FeedError, match="target 'y' holds 1 non-finite value"):
+        twin.train_step({"x": x}, {"y": bad})       # by default: an error, and nothing applied
+    assert twin.step == 2
+    for k in twin.params:
+        np.testing.assert_array_equal(twin.params[k], m.params[k], err_msg=k)

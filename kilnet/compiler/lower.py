@@ -6,11 +6,12 @@ read by several consumers gets the sum without a zeroing pass. A node's backward
 output received a gradient, and an input gradient is computed only where something upstream
 wants it (a parameter, or a graph input when ``input_grads`` is asked for).
 """
+import dataclasses
 import threading
 
 from ..errors import CompileError, DeadBranchWarning, GraphError, warn_caller
 from ..ops import get_op
-from ..ops.base import Collective, inout, op_kinds, spanning
+from ..ops.base import Collective, Use, inout, kernel, op_kinds, out, spanning
 from ..ops.losses import ELEMENTWISE, check as check_loss, elementwise_loss, parts
 from . import memory, names, persistent
 from .fusion import fuse_activation_derivatives, grad_writers, root
@@ -18,6 +19,11 @@ from .plan import Arg, HostStep, Launch, Plan
 from .schedule import OUTER_UPDATE_ROWS
 from .specialise import Specialiser
 from .target import GPU
+
+
+# Phases whose launches change the model's state (parameters, moments, statistics): guarded by
+# names.STEP_OK in training plans.
+GUARDED = ("update_state", "optimizer")
 
 
 class Context:
@@ -120,6 +126,7 @@ class Lowering:
         self._node_params = {}
         self.targets, self.loss_parts, self.input_grad_buffers = {}, [], {}
         self.outer = {}          # grad buffer -> (parameter, OuterGradient) the optimizer forms
+        self.guarded = False     # whether GUARDED launches read names.STEP_OK (step_ok)
         # Nodes no output depends on: no launch computes them, so training leaves their
         # parameters (their gradients stay 0) and state as they were.
         self.dead = {n.name for n in graph.dead()}
@@ -180,6 +187,11 @@ class Lowering:
             while any(launch.name == name for launch in self.launches):
                 n += 1
                 name = f"{base}.{n}"
+            if k_phase in GUARDED and self.guarded and "step_ok" not in k.names:
+                # launches that change the model's state change nothing when the step's loss is
+                # not finite (names.STEP_OK; c.kernel returns at once)
+                k = dataclasses.replace(k, args=k.args + [Use(names.STEP_OK)],
+                                        names=k.names + ["step_ok"])
             kname = self.spec.kernel_for(name, k.template, k.consts, k.names,
                                          [u.access for u in k.args])
             args = []
@@ -268,12 +280,28 @@ class Lowering:
                 contribute(ctx, i, inp)
             self.choose_outer(node, op, ctx)
             self.emit(node.name, "backward", op.backward(node, ctx))
+        if self.optimizer is not None:
+            self.step_ok()
         for node in self.graph.nodes:
             if not get_op(node.op).is_view and node.name not in self.dead:
                 self.emit(node.name, "update_state",
                           get_op(node.op).update_state(node, Context(self, node, True)))
         self.input_grad_buffers = {name: self.grad_buffer(node) for name, node
                                    in self.graph.inputs.items() if wants[name] and name in written}
+
+    def step_ok(self):
+        """The launch that sets names.STEP_OK from the loss parts, ahead of every launch that
+        changes the model's state (GUARDED phases), which then read it. Data-parallel plans leave
+        it to the host, which knows every rank's loss (model.train_step)."""
+        self.buffer(names.SCALARS, "scalar", 4)       # first in its arena, as without a guard
+        self.buffer(names.STEP_OK, "scalar", 1)
+        self.guarded = True
+        if self.ranks > 1:
+            return
+        parts = {f"loss{i}": name for i, name in enumerate(self.loss_parts)}
+        self.emit("step_ok", "update_state", [kernel(
+            "check", "step_ok", dict(sizes=[self.buffers[p].size for p in self.loss_parts]),
+            dict(parts, step_ok=out(names.STEP_OK)), (1,), (1,))])
 
     def choose_outer(self, node, op, ctx):
         """Which of the node's parameter gradients train_step's optimizer forms itself from the

@@ -5,6 +5,9 @@ names). Everything the compiler adds for itself uses ':', which node names never
 no node or block can ever collide with a gradient, a moment, a target or a scratch buffer.
 """
 SCALARS = "optimizer:scalars"
+# 1 where this train step's loss is finite, else 0: every launch that changes the model's state
+# (update_state, optimizer) reads it and changes nothing at 0 (compiler/lower.py, c.kernel).
+STEP_OK = "step:ok"
 
 
 def grad(name):
