@@ -82,8 +82,9 @@ def run(device=None, steps=20, warmup=3, batches=(1, 64), show_per_kernel=False,
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=None)
-    ap.add_argument("--device", default=None, help="OpenCL device: pocl, nvidia, P:D (see "
-                    "`kilnet devices`); default: KILNET_DEVICE, else the first GPU, else PoCL")
+    ap.add_argument("--device", default=None, help="OpenCL device: intel, pocl, nvidia, P:D (see "
+                    "`kilnet devices`); default: KILNET_DEVICE, else the first GPU, else the best "
+                    "CPU runtime that builds (Intel's, then PoCL)")
     ap.add_argument("--steps", type=int, default=20, help="timed calls per measurement (default 20)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
     ap.add_argument("--batches", default="1,64", help="train-step batches, comma-separated "

@@ -100,8 +100,9 @@ def main(argv=None):
                     help="size of the fixed synthetic training set (default 256)")
     ap.add_argument("--seed", type=int, default=0, help="data and initialisation (default 0)")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
-    ap.add_argument("--device", default=None, help="OpenCL device (pocl, nvidia, P:D); default: "
-                    "KILNET_DEVICE, else the first GPU, else PoCL")
+    ap.add_argument("--device", default=None, help="OpenCL device (intel, pocl, nvidia, P:D); "
+                    "default: KILNET_DEVICE, else the first GPU, else the best CPU runtime that "
+                    "builds (Intel's, then PoCL)")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.batch < 1 or args.samples < 1:
         ap.error("--steps, --batch and --samples must be >= 1")

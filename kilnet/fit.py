@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CompileError, GraphError, NonFiniteLoss
+from .errors import CompileError, FeedError, GraphError, NonFiniteLoss
 from .runtime.distributed import allgather_obj
 
 
@@ -102,6 +102,8 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
     if on_non_finite not in ("raise", "return"):
         raise GraphError(f"fit: on_non_finite must be 'raise' or 'return', got {on_non_finite!r}")
     ranks = getattr(model, "ranks", 1)
+    if isinstance(batches, (list, tuple)):
+        _check_batch_sizes(model, batches, ranks)
     if ranks > 1:
         progress = progress and model.rank == 0
     if progress:
@@ -160,6 +162,24 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
         _close_epoch(history, epoch_losses, t0, model.batch * ranks)
     history.seconds = time.perf_counter() - t_run
     return history
+
+
+def _check_batch_sizes(model, batches, ranks):
+    """Refuse, before the first step, a list of batches of which one holds another number of
+    samples than the model takes (a short last batch, typically), saying which and what to do."""
+    want = model.batch * ranks if ranks > 1 else model.batch
+    for i, item in enumerate(batches):
+        feeds, targets = _pair(item, i + 1)
+        for kind, data in (("feed", feeds), ("target", targets)):
+            for name, value in data.items():
+                shape = getattr(value, "shape", None)
+                n = shape[0] if shape else None
+                if n is not None and n != want and not (ranks > 1 and n == model.batch):
+                    raise FeedError(
+                        f"fit: batch {i + 1} of {len(batches)} holds {n} samples ({kind} "
+                        f"{name!r}), but model {model.graph.name!r} takes {want} a step; nothing "
+                        f"was trained. Drop the short batch (batches[:-1] for a last one), or "
+                        f"compile with batch={n}")
 
 
 def _shard(model, arrays):

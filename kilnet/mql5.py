@@ -302,19 +302,22 @@ def include(doc, stem):
 def write(bundle, out):
     """Write ``out`` (.mqh) for the bundle folder ``bundle`` and, beside it, ``<stem>.cl`` (the
     bundle's kernels.cl in ASCII: its few non-ASCII characters are in comments and become '?')
-    that the include compiles in as a resource. Returns the .mqh path."""
+    that the include compiles in as a resource, making its folder where needed. Returns the
+    .mqh path."""
     if not isinstance(out, (str, os.PathLike)) or not os.fspath(out).endswith(".mqh"):
         raise BundleError(f"mql5: the include's path must end in .mqh, got {out!r}")
     out = os.path.abspath(os.fspath(out))
     if os.path.isdir(out):
         raise BundleError(f"mql5: {out} is a folder; give the .mqh file to write")
-    if not os.path.isdir(os.path.dirname(out)):
-        raise BundleError(f"mql5: the folder of {out} does not exist")
     doc = bundle_mod.read(bundle)
     stem = os.path.basename(out)[:-len(".mqh")]
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", stem):
         raise BundleError(f"mql5: the include's name {stem!r} may use letters, digits, _ . - only")
     text = include(doc, stem)
+    try:          # MQL5/Include/<yours>/ need not exist yet
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+    except OSError as e:
+        raise BundleError(f"mql5: cannot make the folder of {out}: {e}") from None
     with open(os.path.join(bundle, doc["source"]), "rb") as f:
         cl = f.read().decode("utf-8").encode("ascii", "replace")
     for path, data in ((out[:-len(".mqh")] + ".cl", cl), (out, text.encode("ascii"))):

@@ -115,6 +115,7 @@ KL_CL_FUNCTIONS(KL_SAME)
 #define clFinish kl_clFinish
 
 static const char *const kl_loaders[] = {"libOpenCL.so.1", "libOpenCL.so"};
+static const char *loader_name = "(none)";
 
 /* Open the ICD loader and find every function; returns the loader's name, or NULL with *why. */
 static const char *open_opencl(char *why, size_t size) {
@@ -305,7 +306,14 @@ static void write_file(const char *path, const void *data, size_t size) {
 /* -- OpenCL ------------------------------------------------------------------------------- */
 static cl_device_id pick_device(void) {
     cl_platform_id ps[16]; cl_device_id ds[16]; cl_uint np = 0, nd, p; const char *want = getenv("KILNET_RUN_DEVICE");
-    CHECK(clGetPlatformIDs(16, ps, &np), "no OpenCL platform (is an ICD installed?)");
+    if (clGetPlatformIDs(16, ps, &np) != CL_SUCCESS || np == 0) {
+        const char *vendors = getenv("OCL_ICD_VENDORS");
+        die("the OpenCL loader %s found no driver (OCL_ICD_VENDORS=%s). Point OCL_ICD_VENDORS at a "
+            "folder of .icd files naming the drivers; for the CPU runtimes kilnet installs, the "
+            "folder kilnet makes: export OCL_ICD_VENDORS=$(python -c 'import kilnet, os; "
+            "print(os.environ[\"OCL_ICD_VENDORS\"])')", loader_name,
+            vendors && *vendors ? vendors : "(unset: /etc/OpenCL/vendors)");
+    }
     if (want && *want) {
         unsigned pi, di;
         if (sscanf(want, "%u:%u", &pi, &di) != 2) die("KILNET_RUN_DEVICE must be P:D (platform:device), got %s", want);
@@ -361,7 +369,7 @@ int main(int argc, char **argv) {
     }
     bundle = argv[1];
     load_plan();
-    if (!open_opencl(path, sizeof path)) die("%s", path);
+    if (!(loader_name = open_opencl(path, sizeof path))) die("%s", path);
     dev = pick_device();
     ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err); CHECK(err, "cannot create a context");
     queue = clCreateCommandQueue(ctx, dev, 0, &err); CHECK(err, "cannot create a command queue");

@@ -142,3 +142,15 @@ def test_vs_pytorch_per_kernel_rates_products_in_the_step_and_warm(capsys):
     assert float(pcts[0][:-1]) == pytest.approx(rate / 10, abs=0.5)       # of 1000 GFLOP/s
     assert all(p.endswith("%") and float(p[:-1]) > 0 for p in pcts)
     assert rows["optimizer.update"][2:6] == ["-", "-", "-", "-"]
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(EXAMPLES)
+                                        if f.endswith(".py") and f != "timeseries_csv.py"))
+def test_every_example_help_opens_with_a_whole_sentence(name, capsys):
+    """--help's description is a sentence that ends, not a docstring's first line cut off."""
+    module = load(os.path.join(EXAMPLES, name), "help_" + name[:-3])
+    with pytest.raises(SystemExit) as e:
+        module.main(["--help"])
+    assert e.value.code == 0
+    description = capsys.readouterr().out.split("\n\n")[1].strip()
+    assert description.endswith((".", ")")), description

@@ -383,6 +383,11 @@ def test_runner_refuses_bad_data_files_and_usage(tiny_bundle, runner, run_env, t
     r = run(runner, dict(run_env, KILNET_RUN_DEVICE="9:9"), bundle, "forward", data / "in.bin",
             tmp_path / "o.bin")
     assert r.returncode == 1 and "KILNET_RUN_DEVICE=9:9" in r.stderr
+    (tmp_path / "no_drivers").mkdir()          # a loader that finds no driver says what to do
+    r = run(runner, dict(run_env, OCL_ICD_VENDORS=str(tmp_path / "no_drivers")), bundle, "forward",
+            data / "in.bin", tmp_path / "o.bin")
+    assert r.returncode == 1 and "found no driver" in r.stderr
+    assert "export OCL_ICD_VENDORS=$(python -c 'import kilnet" in r.stderr
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -433,6 +438,8 @@ def test_bad_arguments_name_themselves(tiny_model, tmp_path):
         tiny_model.export(tmp_path / "no" / "such" / "dir")
     with pytest.raises(kn.BundleError, match="must end in .mqh"):
         mql5.write(str(tiny_model.export(tmp_path / "ok")), str(tmp_path / "x.txt"))
+    made = mql5.write(str(tmp_path / "ok"), str(tmp_path / "MQL5" / "Include" / "mine" / "x.mqh"))
+    assert os.path.isfile(made) and os.path.isfile(made[:-4] + ".cl")     # its folder made
     with pytest.raises(kn.BundleError, match="no such folder"):
         export.read(tmp_path / "missing")
     with pytest.raises(kn.BundleError, match="is a file"):

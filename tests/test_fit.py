@@ -169,3 +169,16 @@ def test_fit_names_a_non_finite_target(model):
     assert (r["node"], r["data"]) == ("y", "target")
     for k in before:
         np.testing.assert_array_equal(model.params[k], before[k], err_msg=k)
+
+
+def test_a_short_last_batch_is_refused_before_the_first_step(model):
+    x, y = data(40)                                # BATCH-sized batches and a short last one
+    short = batches(x, y)
+    assert len(short[-1][0]["x"]) != model.batch
+    before = {k: model.params[k] for k in model.params}
+    with pytest.raises(kn.FeedError, match=rf"batch {len(short)} of {len(short)} holds "
+                                           rf"{len(short[-1][0]['x'])} samples \(feed 'x'\).*"
+                                           r"nothing was trained.*batches\[:-1\]"):
+        kn.fit(model, short, progress=False)
+    for k in before:
+        np.testing.assert_array_equal(model.params[k], before[k], err_msg=k)
