@@ -841,6 +841,10 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.tune_budget <= 0:
         ap.error(f"--tune-budget must be > 0, got {a.tune_budget}")
+    unknown = [k for k in a.only.split(",") if k not in DEFAULT_BATCHES]
+    if unknown:
+        ap.error(f"--only {a.only}: no workload {', '.join(unknown)}; there are "
+                 f"{', '.join(DEFAULT_BATCHES)}")
     if a.plan_kernel and (a.table or a.tune):
         ap.error("--plan-kernel compares two models per row, as --table does: use one of them")
     if a.table is not None and not a.tune and not os.path.isfile(a.table):

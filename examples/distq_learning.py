@@ -1,6 +1,6 @@
-"""distq_learning: distributional Q-learning on hourly bars (ARTICLES.md section 4, "DistQ").
+"""distq_learning: distributional Q-learning on hourly bars (docs/ARTICLES.md section 4, "DistQ").
 
-    python examples/distq_learning.py                       # synthetic bars, ~1-2 min on 2 CPU cores
+    python examples/distq_learning.py                       # synthetic bars, ~10 s on 2 CPU cores
     python examples/distq_learning.py --csv EURUSD_H1.csv --steps 5000 --plot distq.png
     kilnet inspect examples/distq_learning.py               # the kernels the model compiles to
 
@@ -56,10 +56,9 @@ and closed at its close, no costs), the win rate, and the profit in price units 
 buy-and-hold over the same bars. --plot PATH writes a PNG of the loss curve and of the equity
 curves (needs matplotlib: pip install "kilnet[plot]").
 
-Cost. A train step of the full model (width 1000) at batch 64 takes roughly 100-150 ms on PoCL
-with 2 cores, plus a target forward per step once it is active; the default 200 steps at batch 64
-therefore take well under a minute on 2 idle cores, plus compiling (on a 2-core machine shared
-with other work it measured up to ~0.6 s/step, about 2 minutes). The target network first
+Cost. The default run (200 steps of the full model, width 1000, at batch 64, with a target
+forward per step once it is active) took 10 s in all on 2 cores of an AMD EPYC with Intel's CPU
+runtime, compiling included (2026-12-01; PoCL and a busy machine take several times longer). The target network first
 switches on around step 170 with the defaults. Pass --steps (thousands) for a real run.
 """
 import argparse

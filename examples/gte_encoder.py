@@ -1,6 +1,6 @@
 """gte_encoder: a graph transformer encoder (stacked ``kn.gte_block``s) where the graph matters.
 
-    python examples/gte_encoder.py                 # two runs, ~1 min on 2 CPU cores
+    python examples/gte_encoder.py                 # two runs, ~12 s on 2 CPU cores
     python examples/gte_encoder.py --steps 2000 --units 32 --blocks 3 --plot gte.png
     kilnet inspect examples/gte_encoder.py         # the kernels this model compiles to
 

@@ -1,4 +1,4 @@
-"""qnet: the model of DESIGN.md section 2, trained for a few steps on synthetic data.
+"""qnet: the model of docs/DESIGN.md section 2, trained for a few steps on synthetic data.
 
     python examples/qnet.py                       # 12 Adam steps, printing the loss
     python examples/qnet.py --steps 20 --batch 32 --samples 128

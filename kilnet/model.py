@@ -48,7 +48,13 @@ class Model:
 
     # -- public calls ---------------------------------------------------------------------
     def forward(self, feeds):
-        """Inference mode (batch norm uses running statistics). Accepts up to ``batch`` samples."""
+        """Inference mode (batch norm uses running statistics). Accepts up to ``batch`` samples.
+
+        Each feed may be any real array-like (float16, float32, float64, ints, bools, nested
+        lists): it is converted to the model's dtype without a warning, rounded where that dtype
+        is narrower (float64 data into a float32 model). Complex numbers, strings and objects are
+        a ``kn.FeedError``. ``train_step``, ``gradients`` and ``evaluate`` take feeds and targets
+        alike."""
         n, arrays = self._feeds(feeds, partial=True)
         with self._exec.lock:
             self._upload(arrays)

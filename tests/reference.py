@@ -1,6 +1,6 @@
 """An independent numpy float64 reference of kilnet's ops, losses and optimizers.
 
-Written from DESIGN.md section 2 only (never from kilnet's kernels). Every function takes and
+Written from docs/DESIGN.md section 2 only (never from kilnet's kernels). Every function takes and
 returns batched arrays: axis 0 is the batch, the rest is the per-sample shape.
 """
 import math
@@ -162,7 +162,7 @@ def graph_conv(x, P, prefix):
 
 
 def multi_window_conv(x, weights, biases, windows, step=1, activation=None):
-    """DESIGN.md: P = ⌈T/step⌉ positions for every window; window i of length n starts at
+    """docs/DESIGN.md: P = ⌈T/step⌉ positions for every window; window i of length n starts at
     p·step − ⌊(n − 1)/2⌋, reads outside [0, T) are zero;
     out[v, p, i·F + f] = act(b_i[f] + Σ_k W_i[f, k]·x[v, start + k]). x (B, V, T)."""
     x = f64(x)

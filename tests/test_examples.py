@@ -154,3 +154,29 @@ def test_every_example_help_opens_with_a_whole_sentence(name, capsys):
     assert e.value.code == 0
     description = capsys.readouterr().out.split("\n\n")[1].strip()
     assert description.endswith((".", ")")), description
+
+
+def test_vs_pytorch_refuses_an_unknown_workload_by_name(capsys):
+    vs = load(os.path.join(ROOT, "benchmarks", "vs_pytorch.py"), "bench_vs_pytorch_only")
+    with pytest.raises(SystemExit) as e:
+        vs.main(["--only", "W1,W9", "--no-torch"])
+    assert e.value.code == 2
+    assert "--only W1,W9: no workload W9; there are W1, W2, W3" in capsys.readouterr().err
+
+
+def test_every_markdown_file_the_project_cites_is_in_it():
+    """docs/DESIGN.md and docs/ARTICLES.md, and any other Markdown file named in the package,
+    the examples, the tests, the benchmarks' scripts or the README, resolve inside the
+    repository."""
+    cited = set()
+    for top in ("kilnet", "examples", "tests", "benchmarks", "runner"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith((".py", ".j2", ".c")):
+                    text = open(os.path.join(folder, f), encoding="utf-8").read()
+                    cited |= set(re.findall(r"[\w./-]*[A-Z_]+\.md\b", text))
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    cited |= set(re.findall(r"\]\(([^)#]+\.md)", readme))
+    assert {"docs/DESIGN.md", "docs/ARTICLES.md"} <= cited
+    missing = sorted(c for c in cited if not os.path.isfile(os.path.join(ROOT, c)))
+    assert not missing, missing

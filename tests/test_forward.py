@@ -1,5 +1,7 @@
 """Forward results of every op against the numpy float64 reference (tests/reference.py), in
 float32 and float64, on odd sizes that do not divide the kernels' work-group sizes."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -468,3 +470,23 @@ def test_feeds_of_other_dtypes_and_layouts_are_cast_once_where_the_device_reads_
         assert np.array_equal(m.forward({"x": x})["y"], want_y)
         assert m.evaluate({"x": x}, {"y": t}) == want_loss
     assert m.forward({"x": x64[:2]})["y"].shape == (2, 3)     # partial batches still pad
+
+
+def test_real_feeds_of_any_kind_are_converted_as_forward_says():
+    """forward's docstring: float16, ints, bools and lists convert to the model's dtype without a
+    warning; complex numbers and strings are a FeedError."""
+    g = kn.Graph("kinds")
+    g.output("y", kn.dense(g.input("x", (3,)), 2))
+    m = kn.compile(g, batch=2)
+    assert "float16" in m.forward.__doc__ and "without a warning" in m.forward.__doc__
+    x = np.array([[1, 2, 3], [0, 1, 0]])
+    want = m.forward({"x": x.astype(np.float32)})["y"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for v in (x.astype(np.float16), x, x.astype(bool).astype(int), x.tolist()):
+            np.testing.assert_array_equal(m.forward({"x": v})["y"],
+                                          m.forward({"x": np.asarray(v, np.float32)})["y"])
+    np.testing.assert_array_equal(m.forward({"x": x})["y"], want)
+    for bad in (x.astype(complex), x.astype(str)):
+        with pytest.raises(kn.FeedError):
+            m.forward({"x": bad})

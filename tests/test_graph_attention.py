@@ -1,5 +1,5 @@
 """graph_attention and graph_conv: forward against a numpy float64 reference written from
-DESIGN.md section 2, gradients of every parameter and the input against finite differences,
+docs/DESIGN.md section 2, gradients of every parameter and the input against finite differences,
 both kernel forms, large scores, large U (no fixed local arrays) and bad input."""
 import numpy as np
 import pytest
@@ -10,7 +10,7 @@ from reference import chain, masked_softmax, graph_attention as graph_attention_
 from test_gradients import check_gradients
 
 
-# -- numpy float64 reference (from DESIGN.md, not from the kernels) ---------------------------
+# -- numpy float64 reference (from docs/DESIGN.md, not from the kernels) ---------------------------
 
 def attention_graph(U, W, heads, key_dim, adjacency=None):
     g = kn.Graph("ga")

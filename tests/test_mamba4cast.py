@@ -1,4 +1,4 @@
-"""mamba4cast_embedding: the composite against a float64 reference built from DESIGN.md's
+"""mamba4cast_embedding: the composite against a float64 reference built from docs/DESIGN.md's
 formula, its gradients, parameter names, bad input, and end-to-end training of an embedding
 plus a dense head on a small forecasting-like task, with a save/load round trip."""
 import math

@@ -1,4 +1,4 @@
-"""multi_window_conv: forward against a numpy reference written from DESIGN.md, gradients against
+"""multi_window_conv: forward against a numpy reference written from docs/DESIGN.md, gradients against
 finite differences in float64, both kernel forms (KILNET_TARGET=cpu|gpu), the split reduction of
 the parameter gradients, bad arguments, a checkpoint round trip and a short training run."""
 import json

@@ -1,6 +1,6 @@
 """batchnorm(streaming=B): the articles' per-sample exponential-window mode.
 
-A float64 numpy reference written from DESIGN.md (each sample updates μ and σ² in order, sample
+A float64 numpy reference written from docs/DESIGN.md (each sample updates μ and σ² in order, sample
 0 first); training output, stored statistics after train_step, inference output (one step from
 the stored statistics, nothing stored) and gradients through the μ/σ² chain against finite
 differences, at B = 1, 3, 8 and batch 1 and 5. Also: the minibatch mode is untouched and the
@@ -49,7 +49,7 @@ def test_gradient_adds_into_a_shared_input():
 
 def test_single_sample_derivative_is_the_corrected_article_formula():
     """batch 1, no activation: dy/dx = γ·((B−1)/B)·s·(1 − δ²s²/B) with s = (σ² + eps)^-½ after
-    the update (ARTICLES.md §2 bug 1, corrected); the article's exponent-1 form differs."""
+    the update (docs/ARTICLES.md §2 bug 1, corrected); the article's exponent-1 form differs."""
     B, eps = 4, 1e-5
     g = build((5,), B)
     m = kn.compile(g, batch=1, loss="mse", dtype="float64", input_grads=True)

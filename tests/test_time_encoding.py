@@ -1,4 +1,4 @@
-"""time_encoding: forward against a float64 numpy reference written from DESIGN.md, gradients
+"""time_encoding: forward against a float64 numpy reference written from docs/DESIGN.md, gradients
 (weight, bias, x and times) against finite differences, phase accuracy for large timestamps in
 float32, both kernel forms of its products, and bad input naming the argument."""
 import numpy as np

@@ -33,10 +33,10 @@ batch backwards with the adjoints μ̄, σ̄² of the statistics (a = (B−1)/B,
 s = (σ² + eps)^{-1/2}, e = dy·act'(·)·γ):
     σ̄²_b = a·σ̄²_{b+1} − ½·e_b·δ_b·s_b³,   δ̄_b = e_b·s_b + 2c·δ_b·σ̄²_b,
     μ̄_b = a·μ̄_{b+1} − δ̄_b,               dx_b = δ̄_b + c·μ̄_b.
-For one sample this is ((B−1)/B)·s·(1 − δ²s²/B)·e, the corrected formula of ARTICLES.md §2
+For one sample this is ((B−1)/B)·s·(1 − δ²s²/B)·e, the corrected formula of docs/ARTICLES.md §2
 bug 1; the articles' kernel has exponent 1 instead of 3/2 (`3/2` in integer arithmetic), uses
 μ·x where δ is needed, has the wrong sign, and ignores the chain across samples. Other
-departures from the articles' layer (ARTICLES.md §1, §2 bug 2): their statistics update on every
+departures from the articles' layer (docs/ARTICLES.md §1, §2 bug 2): their statistics update on every
 call, inference included, and start at 0 (here only train_step stores them; they start at 0 and
 1); their host runs the window with min(count, B) and passes the input through for B <= 1, and
 resets γ = 0 to 1 (here the map above is used as written for every B >= 1 and every γ); eps is

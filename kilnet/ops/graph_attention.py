@@ -1,6 +1,6 @@
 """graph_attention: multi-head attention over the units of a sample, split by a graph.
 
-Per head h (DESIGN.md §2): Q = x·W_qᵀ + b_q, K and V likewise (key_dim columns each);
+Per head h (docs/DESIGN.md §2): Q = x·W_qᵀ + b_q, K and V likewise (key_dim columns each);
 S = Q·Kᵀ/√key_dim. The connected set of query q is its adjacent keys and q itself, the
 not-connected set is every other key and q itself (the diagonal is in both sets whatever the
 adjacency says). Each set has its own softmax over only its keys, with the row maximum of the

@@ -3,16 +3,16 @@
 x (U, C), times (U,) -> (U, width):
     concat(batchnorm(conv1d(x, width − E, window=1, activation="tanh")),
            time_encoding(x, times, periods, freqs)),
-freqs = ⌈(width/2)/(2·len(periods))⌉, E = 2·freqs·len(periods) (DESIGN.md §2; ARTICLES.md,
+freqs = ⌈(width/2)/(2·len(periods))⌉, E = 2·freqs·len(periods) (docs/DESIGN.md §2; docs/ARTICLES.md,
 Mamba4Cast). Built inside ``graph.block("mamba4cast_embedding", name)``, so the parameters are
 ``<block>.conv1d_1.weight``/``bias``, ``<block>.batchnorm_1.gamma``/``beta`` (state
 ``running_mean``/``running_var``) and ``<block>.time_encoding_1.weight``/``bias``.
 
-``streaming`` (not in DESIGN.md's signature; default None) is passed to the batch norm:
-None is the minibatch batch norm that DESIGN.md's formula names; an int B gives the articles'
+``streaming`` (not in docs/DESIGN.md's signature; default None) is passed to the batch norm:
+None is the minibatch batch norm that docs/DESIGN.md's formula names; an int B gives the articles'
 per-sample exponential-window batch norm (what the articles' Mamba4Cast layer runs), which
-also trains at batch 1. The articles' position encoder code is not published (ARTICLES.md);
-the time features follow DESIGN.md's ``time_encoding``.
+also trains at batch 1. The articles' position encoder code is not published (docs/ARTICLES.md);
+the time features follow docs/DESIGN.md's ``time_encoding``.
 """
 import math
 

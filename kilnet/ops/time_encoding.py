@@ -19,8 +19,8 @@ cannot fix is the feed itself: ``times`` is stored in the model's dtype, and a f
 timestamp (~1.7e9 s) is already rounded to a multiple of 128 s when it is uploaded. Feed times
 relative to a nearby epoch (or compile in float64) when sub-minute phase matters.
 
-Departure from the articles: their position encoder's code is not in the articles (ARTICLES.md,
-Mamba4Cast); this op follows DESIGN.md's definition.
+Departure from the articles: their position encoder's code is not in the articles (docs/ARTICLES.md,
+Mamba4Cast); this op follows docs/DESIGN.md's definition.
 """
 import math
 import numbers
