@@ -811,6 +811,14 @@ def cpu_name():
         return platform.processor() or "unknown CPU"
 
 
+def torch_build(torch):
+    """PyTorch's version and build: "2.13.0 (CPU build)", "2.14.1 (CUDA 12.8 build)", or "-"."""
+    if torch is None:
+        return "-"
+    cuda = getattr(torch.version, "cuda", None)
+    return f"{torch.__version__} ({'CUDA ' + cuda if cuda else 'CPU'} build)"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -870,7 +878,7 @@ def main(argv=None):
     host = (f"CUDA {torch.cuda.get_device_name()}" if torch is not None and gpu
             else f"CPU: {cpu_name()}, {os.cpu_count()} cores")
     print(f"# kilnet {getattr(kn, '__version__', '')} vs PyTorch "
-          f"{torch.__version__ if torch is not None else '-'} on {probe.device.name.strip()} "
+          f"{torch_build(torch)} on {probe.device.name.strip()} "
           f"({host}), {datetime.date.today()}, {a.steps} timed calls per side after {a.warmup} "
           f"warm-up", flush=True)
     print(f"# kilnet submit: {probe._exec.submit.why}", flush=True)

@@ -180,3 +180,17 @@ def test_every_markdown_file_the_project_cites_is_in_it():
     assert {"docs/DESIGN.md", "docs/ARTICLES.md"} <= cited
     missing = sorted(c for c in cited if not os.path.isfile(os.path.join(ROOT, c)))
     assert not missing, missing
+
+
+def test_vs_pytorch_says_which_torch_build_it_found():
+    vs = load(os.path.join(ROOT, "benchmarks", "vs_pytorch.py"), "bench_vs_pytorch_build")
+
+    class Version:
+        cuda = None
+
+    class Torch:
+        __version__, version = "2.13.0+cpu", Version
+    assert vs.torch_build(Torch) == "2.13.0+cpu (CPU build)"
+    Version.cuda = "12.8"
+    assert vs.torch_build(Torch) == "2.13.0+cpu (CUDA 12.8 build)"
+    assert vs.torch_build(None) == "-"
