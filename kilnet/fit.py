@@ -24,6 +24,7 @@ kernel that computed it, and the value ranges of that launch's inputs. The histo
 the exception's ``.history``; with ``on_non_finite="return"`` fit returns the history instead,
 with the exception in ``history.stopped``.
 """
+import hashlib
 import inspect
 import math
 import time
@@ -129,6 +130,8 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
                     break
                 feeds, targets = _pair(item, history.steps + 1)
                 if ranks > 1:
+                    if history.steps == 0:
+                        _refuse_unsharded(model, feeds, targets)
                     feeds, targets = _shard(model, feeds), _shard(model, targets)
                 loss = model.train_step(feeds, targets, skip_non_finite=True)
                 if not math.isfinite(loss):     # nothing was applied (on any rank)
@@ -180,6 +183,25 @@ def _check_batch_sizes(model, batches, ranks):
                         f"{name!r}), but model {model.graph.name!r} takes {want} a step; nothing "
                         f"was trained. Drop the short batch (batches[:-1] for a last one), or "
                         f"compile with batch={n}")
+
+
+def _refuse_unsharded(model, feeds, targets):
+    """Data-parallel: a first batch of ``batch`` samples (not ranks × batch, which fit shards
+    itself) that is the same on every rank would train every rank on the same samples; refuse
+    it on every rank (one all-gather of a digest, once per fit)."""
+    arrays = list(feeds.items()) + list(targets.items())
+    if any(np.ndim(v) and np.shape(v)[0] == model.ranks * model.batch for _, v in arrays):
+        return                                    # global batches: _shard gives each its part
+    h = hashlib.sha256()
+    for name, value in arrays:
+        h.update(name.encode() + np.ascontiguousarray(value).tobytes())
+    every = allgather_obj(model.comm, h.hexdigest(), "fit: the ranks' first batches")
+    if len(set(every)) == 1:
+        raise FeedError(
+            f"fit: every one of the {model.ranks} ranks was given the same first batch of "
+            f"{model.batch} samples, so each would train on the same data. Give fit global batches "
+            f"of {model.ranks} x {model.batch} samples (each rank takes its part), or each rank "
+            f"its own shard")
 
 
 def _shard(model, arrays):

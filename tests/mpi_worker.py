@@ -131,6 +131,14 @@ def equivalence(out):
     except kn.NonFiniteLoss as e:
         nf["fit"] = str(e)
     report["non_finite"] = nf
+    # The same per-rank batch on every rank: fit refuses it on every rank, before any step.
+    try:
+        kn.fit(model, [(
+            {"x": batches[0][0]["x"][:B]}, {"y": batches[0][1]["y"][:B]})], progress=False)
+        report["unsharded"] = "no error"
+    except kn.FeedError as e:
+        report["unsharded"] = str(e)
+    report["unsharded_step"] = model.step
     write(out, "equivalence", report)
 
 

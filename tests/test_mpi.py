@@ -65,6 +65,9 @@ def test_two_ranks_train_as_one_process_with_twice_the_batch(tmp_path):
         nf = r["non_finite"]
         assert not nf["loss_is_finite"] and nf["unchanged"] and nf["step"] == 0
         assert "non-finite" in nf["fit"] and "on rank 1" in nf["fit"], nf["fit"]
+        # The same batch on every rank is refused on every rank, before any step.
+        assert "was given the same first batch" in r["unsharded"], r["unsharded"]
+        assert r["unsharded_step"] == 0
 
 
 def test_mismatched_ranks_fail_on_every_rank(tmp_path):
