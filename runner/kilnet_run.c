@@ -20,8 +20,11 @@
  * the header's prototypes (-DKILNET_OWN_CL ignores the header).
  * Exit status 0 on success, 1 on any error (a message on stderr), 2 on bad usage.
  */
+#define _POSIX_C_SOURCE 200809L     /* setenv, opendir, stat under -std=c99 */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -116,6 +119,32 @@ KL_CL_FUNCTIONS(KL_SAME)
 
 static const char *const kl_loaders[] = {"libOpenCL.so.1", "libOpenCL.so"};
 static const char *loader_name = "(none)";
+
+/* The drivers kilnet registers from PyPI (Intel's CPU runtime) are listed in a folder that
+   `import kilnet` makes: <cache>/icd/<hash>/, holding the system's .icd files too. Where
+   OCL_ICD_VENDORS is unset, point it at the newest such folder, before the loader first reads it,
+   so that a bundle runs as the README shows it. The cache: KILNET_CACHE_DIR, else
+   $XDG_CACHE_HOME/kilnet, else ~/.cache/kilnet (as runtime/program.py). */
+static char kilnet_vendors[4096];
+static void find_kilnet_vendors(void) {
+    const char *set = getenv("OCL_ICD_VENDORS"), *dir = getenv("KILNET_CACHE_DIR");
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char root[3072], path[4096]; DIR *d; struct dirent *e; struct stat st; time_t best = 0;
+    if (set && *set) return;
+    if (dir && *dir) snprintf(root, sizeof root, "%s/icd", dir);
+    else if (xdg && *xdg) snprintf(root, sizeof root, "%s/kilnet/icd", xdg);
+    else if (home && *home) snprintf(root, sizeof root, "%s/.cache/kilnet/icd", home);
+    else return;
+    if (!(d = opendir(root))) return;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        if (stat(path, &st) || !S_ISDIR(st.st_mode) || st.st_mtime < best) continue;
+        best = st.st_mtime; snprintf(kilnet_vendors, sizeof kilnet_vendors, "%s", path);
+    }
+    closedir(d);
+    if (kilnet_vendors[0]) setenv("OCL_ICD_VENDORS", kilnet_vendors, 1);
+}
 
 /* Open the ICD loader and find every function; returns the loader's name, or NULL with *why. */
 static const char *open_opencl(char *why, size_t size) {
@@ -358,8 +387,11 @@ int main(int argc, char **argv) {
     cl_device_id dev; cl_context ctx; cl_program prog; cl_int err; char path[4096], *src; size_t n; int i, a;
     const char *loader;
     if (argc == 2 && !strcmp(argv[1], "--about")) {
+        find_kilnet_vendors();
         loader = open_opencl(path, sizeof path);
-        printf("kilnet_run: OpenCL declarations: %s; loader: %s\n", KL_HEADERS, loader ? loader : path);
+        printf("kilnet_run: OpenCL declarations: %s; loader: %s; drivers: %s\n", KL_HEADERS,
+               loader ? loader : path, kilnet_vendors[0] ? kilnet_vendors :
+               getenv("OCL_ICD_VENDORS") ? getenv("OCL_ICD_VENDORS") : "/etc/OpenCL/vendors");
         return loader ? 0 : 1;
     }
     if (argc < 3 || !((!strcmp(argv[2], "forward") && argc == 5) || (!strcmp(argv[2], "train") && argc == 6))) {
@@ -369,6 +401,7 @@ int main(int argc, char **argv) {
     }
     bundle = argv[1];
     load_plan();
+    find_kilnet_vendors();
     if (!(loader_name = open_opencl(path, sizeof path))) die("%s", path);
     dev = pick_device();
     ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err); CHECK(err, "cannot create a context");

@@ -580,3 +580,25 @@ def test_mql5_include_holds_the_plans_table(tmp_path):
     # a forward-only bundle has no TrainStep
     fwd_only = mql5.include(export.read(model.export(tmp_path / "b3")), "g")
     assert "bool              Forward(" in fwd_only and "TrainStep" not in fwd_only
+
+
+def test_runner_finds_the_drivers_kilnet_registered_as_the_readme_runs_it(tiny_bundle, runner,
+                                                                          run_env, tmp_path):
+    """With OCL_ICD_VENDORS unset, the runner points the loader at the newest folder that
+    `import kilnet` made under its cache (<cache>/icd/<hash>/), so `./kilnet_run BUNDLE forward
+    ...` runs as the README shows it. Here a cache whose folder names only DEVICE's driver."""
+    bundle, data = tiny_bundle
+    want = run(runner, run_env, bundle, "forward", data / "in.bin", tmp_path / "want.bin")
+    assert want.returncode == 0, want.stderr
+    vendors = run_env.get("OCL_ICD_VENDORS")
+    if vendors is None:                       # the system registers DEVICE: nothing to find
+        return
+    cache = tmp_path / "cache"
+    shutil.copytree(vendors, cache / "icd" / "0123456789abcdef")
+    env = {k: v for k, v in run_env.items() if k != "OCL_ICD_VENDORS"}
+    env["KILNET_CACHE_DIR"] = str(cache)
+    about = subprocess.run([runner, "--about"], capture_output=True, text=True, env=env)
+    assert str(cache / "icd" / "0123456789abcdef") in about.stdout, about.stdout
+    got = run(runner, env, bundle, "forward", data / "in.bin", tmp_path / "got.bin")
+    assert got.returncode == 0, got.stderr
+    assert (tmp_path / "got.bin").read_bytes() == (tmp_path / "want.bin").read_bytes()
