@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import CompileError, RankTimeout
 from ..graph import to_dict
+from .device import SIMULATORS, implementation
 
 DEFAULT_BUCKET_BYTES = 4 << 20      # overlap=True: reduce the gradients in buckets of ~4 MiB
 _POLL_S = (20e-6, 1e-3)     # polling backs off from 20 µs to 1 ms (a fixed 50 µs poll cost W1
@@ -162,9 +163,9 @@ def rank_device(local, device, select):
     if device is not None or os.environ.get("KILNET_DEVICE"):
         return select(device)
     import pyopencl as cl
-    try:
+    try:     # a simulator (Oclgrind calls its device a GPU too) is never a rank's default
         gpus = [d for p in cl.get_platforms() for d in p.get_devices()
-                if d.type & cl.device_type.GPU]
+                if d.type & cl.device_type.GPU and implementation(d) not in SIMULATORS]
     except cl.Error:
         gpus = []
     return gpus[local % len(gpus)] if gpus else select(None)
