@@ -133,7 +133,11 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
                     if history.steps == 0:
                         _refuse_unsharded(model, feeds, targets)
                     feeds, targets = _shard(model, feeds), _shard(model, targets)
-                loss = model.train_step(feeds, targets, skip_non_finite=True)
+                try:
+                    loss = model.train_step(feeds, targets, skip_non_finite=True)
+                except FeedError as e:        # refused before any device work: nothing changed
+                    raise FeedError(f"fit: step {history.steps + 1} (epoch {epoch + 1}), nothing "
+                                    f"of it trained: {e}") from None
                 if not math.isfinite(loss):     # nothing was applied (on any rank)
                     report = _first_non_finite(model, feeds, targets)
                     err = NonFiniteLoss(

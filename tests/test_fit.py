@@ -182,3 +182,16 @@ def test_a_short_last_batch_is_refused_before_the_first_step(model):
         kn.fit(model, short, progress=False)
     for k in before:
         np.testing.assert_array_equal(model.params[k], before[k], err_msg=k)
+
+
+def test_a_bad_batch_from_a_generator_names_its_step():
+    model = regression_model()
+    x, y = data(40)
+
+    def epoch():                                   # a generator: not checked ahead
+        yield from batches(x, y)
+    before = {k: model.params[k] for k in model.params}
+    with pytest.raises(kn.FeedError, match=r"fit: step 3 \(epoch 1\), nothing of it trained: "):
+        kn.fit(model, lambda e: epoch(), progress=False)
+    changed = any(not np.array_equal(model.params[k], before[k]) for k in before)
+    assert changed                                 # steps 1 and 2 trained
