@@ -10,7 +10,10 @@ the inference output, the training loss and every gradient of one batch, and eve
 memory tiles on a GPU), so this also checks the two forms against each other on real hardware.
 A difference is max |a - b| / max |b| over one array; a model passes when every one is below
 ``--tol`` (default 1e-3: float32 sums of up to ~4096 terms taken in different orders; 1e-9 with
-``--dtype float64``, where the devices should differ only in summation order). A gradient
+``--dtype float64``, where the devices should differ only in summation order). A float32 model
+over the tolerance is run again in float64: when every array then agrees to 1e-9, the difference
+is float32 rounding moving a value across a kink (a relu after a batch norm of a few samples, as
+in two_spirals and batchnorm_mlp), and the verdict says so; else it DIFFERS. A gradient
 that is zero in exact arithmetic (a dense bias feeding a batch norm) is rounding noise on both
 devices: it is measured against 1e-4 of the model's largest gradient, and its parameter, which
 Adam moves by ±lr on that noise, is listed instead of compared.
@@ -110,10 +113,19 @@ def main(argv=None):
     for name, g in graphs().items():
         worst, noise, da, db = compare(g, a.a, a.b, a.batch, a.steps, a.dtype)
         ok = max(worst.values()) < tol
+        verdict = "ok" if ok else "DIFFERS"
+        if not ok and a.dtype == "float32" and a.tol is None:
+            # float32 rounding can move a value across a kink (a relu after a batch norm of a
+            # few samples) on one device and not the other; the same model in float64 tells
+            # rounding from a wrong kernel
+            w64, _, _, _ = compare(g, a.a, a.b, a.batch, a.steps, "float64")
+            if max(w64.values()) < 1e-9:
+                ok, verdict = True, (f"ok: float32 rounding (in float64 every array agrees to "
+                                     f"{max(w64.values()):.1e})")
         failed += not ok
         print(f"{name:<16}" + "".join(f"{worst[k]:>{w}.1e}" for k, w in
                                        (("forward", 10), ("loss", 10), ("gradients", 11),
-                                        ("params", 10))) + f"  {'ok' if ok else 'DIFFERS'}"
+                                        ("params", 10))) + f"  {verdict}"
               + (f" (gradients below {NOISE:g} of the largest, parameters not compared: "
                  f"{', '.join(noise)})" if noise else ""),
               flush=True)

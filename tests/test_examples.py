@@ -194,3 +194,17 @@ def test_vs_pytorch_says_which_torch_build_it_found():
     Version.cuda = "12.8"
     assert vs.torch_build(Torch) == "2.13.0+cpu (CUDA 12.8 build)"
     assert vs.torch_build(None) == "-"
+
+
+@pytest.mark.parametrize("f64, code, words", [(1e-11, 0, "ok: float32 rounding (in float64 every "
+                                                          "array agrees to 1.0e-11)"),
+                                              (1e-3, 1, "DIFFERS")])
+def test_devices_agree_tells_float32_rounding_from_a_difference(f64, code, words, capsys,
+                                                                 monkeypatch):
+    da = load(os.path.join(ROOT, "benchmarks", "devices_agree.py"), "bench_devices_agree")
+    monkeypatch.setattr(da, "graphs", lambda: {"relu_after_bn": None})
+    worst = {"float32": 2e-3, "float64": f64}
+    monkeypatch.setattr(da, "compare", lambda g, a, b, batch, steps, dtype="float32": (
+        dict.fromkeys(("forward", "loss", "gradients", "params"), worst[dtype]), [], "A", "B"))
+    assert da.main(["--a", "x", "--b", "y"]) == code
+    assert words in capsys.readouterr().out
