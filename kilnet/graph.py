@@ -107,8 +107,24 @@ class Graph:
         self._counters = {}
         self._scopes = []
         self._loading = False      # from_dict: accept the dotted names of saved composites
+        self._owner = None         # what owns this copy (a compiled plan), which is then frozen
+
+    def copy(self, owner=None):
+        """An independent copy (new nodes, empty ``meta``), each node checked again. Given an
+        ``owner`` (what a compiled model was compiled from is such a copy) it cannot be changed:
+        a compiled model is not changed by later edits to the graph it was compiled from, and
+        its own graph is not edited (build on the original and compile again)."""
+        g = from_dict(to_dict(self))
+        g._owner = owner
+        return g
+
+    def _check_open(self, what):
+        if self._owner is not None:
+            raise GraphError(f"{what}: graph {self.name!r} belongs to {self._owner} and cannot "
+                             f"change; add to the graph it was compiled from and compile again")
 
     def input(self, name, shape):
+        self._check_open(f"input {name!r}")
         if not _is_name(name):
             raise GraphError(f"input name must be an ASCII identifier, got {name!r}")
         shape = _shape(shape, f"input {name!r}")
@@ -117,6 +133,7 @@ class Graph:
         return value
 
     def output(self, name, value):
+        self._check_open(f"output {name!r}")
         if not _is_name(name):
             raise GraphError(f"output name must be an ASCII identifier, got {name!r}")
         node = self._own(value, f"output {name!r}")
@@ -170,6 +187,7 @@ class Graph:
         """Build a composite: nodes added inside are named ``<block>.<node>`` (so parameters are
         ``<block>.<node>.<param>``). ``name`` defaults to ``<kind>_<n>``. If building fails
         inside, every node added by the block is removed again. Yields the block's full name."""
+        self._check_open(kind)
         prefix = self._prefix()
         if name is None:
             full, count = self._fresh_name(kind)
@@ -198,6 +216,7 @@ class Graph:
 
     def add(self, op, inputs, attrs, name=None):
         """Add a node (op functions call this): checks it, infers its shape, returns its value."""
+        self._check_open(op)
         opdef = get_op(op)
         count = None
         if name is None:

@@ -31,10 +31,10 @@ def exercise(model, feeds, targets=None, steps=2, count=lambda launch: True):
 FORMS = (("cpu", "32"), ("cpu", "64"), ("gpu", ""))
 
 
-def main(run):
+def main(run, forms=FORMS):
     """``run()`` once per kernel form (CPU vectors, GPU local-memory tiles), then the count that
     tests/test_oclgrind.py reads."""
-    for kind, vector_bytes in FORMS:
+    for kind, vector_bytes in forms:
         os.environ["KILNET_TARGET"] = kind
         os.environ["KILNET_VECTOR_BYTES"] = vector_bytes
         run()

@@ -6,8 +6,8 @@ read by several consumers gets the sum without a zeroing pass. A node's backward
 output received a gradient, and an input gradient is computed only where something upstream
 wants it (a parameter, or a graph input when ``input_grads`` is asked for).
 """
+import copy
 import dataclasses
-import threading
 
 from ..errors import CompileError, DeadBranchWarning, GraphError, warn_caller
 from ..ops import get_op
@@ -406,16 +406,14 @@ def _size(shape):
     return n
 
 
-# Passes record their decisions in the graph's nodes (``node.meta``): one lowering at a time, so
-# that two threads compiling one graph with different settings cannot read each other's.
-_LOWERING = threading.Lock()
-
-
 def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers=False,
           target=GPU, ranks=1):
-    with _LOWERING:
-        return _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target,
-                      ranks)
+    """The plan of ``graph``. The plan owns copies of the graph and the optimizer it was made
+    from: passes record their decisions in the copy's nodes (``node.meta``), and later edits to
+    the user's graph or optimizer object do not reach the plan (the copy refuses edits)."""
+    graph = graph.copy(owner=f"the plan compiled from graph {graph.name!r}")
+    optimizer = copy.deepcopy(optimizer)
+    return _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks)
 
 
 def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks):
