@@ -1,4 +1,4 @@
-"""The CPU product defaults (compiler/schedule.py's CPU_PRODUCTS) against each other on this
+"""The CPU product defaults (policy/schedule.py's CPU_PRODUCTS) against each other on this
 device, side by side in one process, without any schedule table.
 
     python benchmarks/cpu_defaults.py                          # before (PoCL's) vs this device's
@@ -25,7 +25,7 @@ import numpy as np
 
 import kilnet as kn
 from kilnet import tune
-from kilnet.compiler import schedule
+from kilnet.policy import schedule
 from kilnet.runtime import timing
 
 import vs_pytorch as vp

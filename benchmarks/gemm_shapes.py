@@ -14,7 +14,7 @@ is the same over torch.matmul on the same operand layouts, with CUDA events and 
 CPU device, PyTorch's CPU matmul on all cores, timed by the wall clock). Every
 kilnet result is checked against float64 numpy on a sample of rows (``err`` = largest
 difference over the largest reference value). ``--sweep`` also times schedule variants (tiles,
-depth, split: compiler/schedule.py's override table) and marks the fastest.
+depth, split: policy/schedule.py's override table) and marks the fastest.
 """
 import argparse
 import json

@@ -9,7 +9,7 @@ alternately, call by call, so that both see the same machine load.
 The forms: "cpu" (barrier-free kernels, explicit vectors, register-blocked products) and "gpu"
 (work-groups that meet in local memory: tiled products, tree reductions). PoCL runs a work-group
 as a loop split at barriers; Intel's runtime vectorises across work-items. kilnet's choice per
-implementation is kilnet/compiler/target.py's FORMS; this measures it.
+implementation is kilnet/policy/target.py's FORMS; this measures it.
 """
 import argparse
 import os

@@ -354,7 +354,7 @@ def host_ms(enqueue, finish, steps):
 
 def kilnet_enqueue_step(model, feeds, targets):
     """What train_step does up to its blocking loss read: uploads and enqueues (internals)."""
-    from kilnet.compiler import names
+    from kilnet.policy import names
     _, arrays = model._feeds(feeds)
     model._upload(arrays, model._targets(targets))
     model._exec.write(names.SCALARS, np.array(model.optimizer.scalars(model.step + 1) + [0.0]))

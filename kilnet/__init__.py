@@ -6,11 +6,11 @@ from .errors import (BundleError, CheckpointError, CompileError, DeadBranchWarni
 from .graph import Graph, Value
 from .ops import *  # noqa: F401,F403  (the builders: kilnet.ops.BUILDERS, from the op registry)
 from .ops import BUILDERS
-from .ops.optimizers import SGD, Adam
+from .kernels.optimizers import SGD, Adam
 from .build import compile, load
 from .fit import History, fit
 from .runtime.device import devices
-from .compiler.symbolic import ACTIVATIONS
+from .policy.symbolic import ACTIVATIONS
 
 __version__ = "0.1.0"
 __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "ACTIVATIONS",

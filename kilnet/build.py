@@ -7,11 +7,11 @@ import numbers
 
 from .checkpoint import parse
 from .compiler.lower import check_loss_spec, lower
-from .compiler.target import Target
+from .policy.target import Target
 from .errors import CheckpointError, CompileError, GraphError, KilnetError
 from .graph import Graph
 from .model import Model
-from .ops.optimizers import Optimizer
+from .kernels.optimizers import Optimizer
 from .runtime import distributed
 from .runtime.device import select as select_device
 

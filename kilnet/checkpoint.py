@@ -18,11 +18,11 @@ import tempfile
 
 import numpy as np
 
-from .compiler import names
+from .policy import names
 from .errors import CheckpointError, KilnetError
 from .graph import from_dict, to_dict
 from .ops import get_op
-from .ops.optimizers import from_config
+from .kernels.optimizers import from_config
 from .runtime.distributed import bcast_obj
 
 NP_DTYPE = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}

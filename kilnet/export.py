@@ -32,10 +32,10 @@ import tempfile
 
 import numpy as np
 
-from .compiler import names
+from .policy import names
 from .compiler.lower import lower
-from .compiler.specialise import header
-from .compiler.target import Target, vector_bytes_of
+from .compiler.render import header
+from .policy.target import Target, vector_bytes_of
 from .errors import BundleError
 from .inspect import _fmt_bytes, _table
 

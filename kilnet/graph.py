@@ -9,7 +9,7 @@ import numbers
 
 from .errors import GraphError, KilnetError, ShapeError
 
-# The op definitions that nodes name by kind, filled by kilnet.ops.base.register when the op
+# The op definitions that nodes name by kind, filled by kilnet.kernels.base.register when the op
 # package is imported: a graph checks and infers through them without importing the ops.
 OPS = {}
 

@@ -5,7 +5,7 @@ import time
 import numpy as np
 
 from . import checkpoint, diagnose, export as bundle
-from .compiler import names
+from .policy import names
 from .errors import CompileError, FeedError, GraphError, KilnetError, NonFiniteLoss
 from .feeds import as_array, check_feeds, check_targets
 from .inspect import summary as summary_of

@@ -1,7 +1,7 @@
 """Tuning launch schedules on the device: ``kilnet tune MODEL`` and ``tune(model)``.
 
 For each launch of a model's plans (its training call and its forward call) whose kernel family
-has tunable fields (``compiler/schedule.py``'s ``TUNABLE``), the tuner lowers the plan again with
+has tunable fields (``policy/schedule.py``'s ``TUNABLE``), the tuner lowers the plan again with
 a one-entry override table per candidate schedule (only that launch's kernel is new: every other
 build comes from the program cache), runs the launches before it on one random batch, checks
 that the launch computes what the policy's launch computes, and times both with OpenCL profiling
@@ -24,13 +24,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .compiler import names as bufnames
-from .compiler import schedule as sched
+from .policy import names as bufnames
+from .policy import schedule as sched
 from .compiler.lower import lower
-from .compiler.target import Target
+from .policy.target import Target
 from .errors import CompileError
 from .model import Model
-from .ops.base import pow2_at_least
+from .policy.vectors import pow2_at_least
 from .runtime import timing
 
 DEFAULT_BUDGET = 120.0     # seconds of tuning per model

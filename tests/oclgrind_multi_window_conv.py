@@ -28,7 +28,7 @@ CASES = [
 def run(case):
     windows, F, step, T, V, B, act, slices = case
     real = os.environ.get("KILNET_SCHEDULES")
-    if slices:      # forced through the schedule table (compiler/schedule.py)
+    if slices:      # forced through the schedule table (policy/schedule.py)
         table = os.path.join(tempfile.mkdtemp(), "schedules.json")
         with open(table, "w") as f:
             json.dump({"slices": {"split": slices}}, f)

@@ -9,7 +9,7 @@ script asserts that each prefetching kernel computes its products right (a finit
 check of dense in float64 is in test_gradients.py; here the results against NumPy).
 
 Then attention's batched products whose A runs along m, at the least batch where they prefetch
-each k-chunk of A (ops/gemm.py's prefetch_a): the gradients against those of the same model
+each k-chunk of A (kernels/gemm.py's prefetch_a): the gradients against those of the same model
 with the entry's prefetches off (the same blocks, so the same sums).
 """
 import dataclasses
@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 import kilnet as kn
-from kilnet.compiler import schedule
+from kilnet.policy import schedule
 from kernel_check import KERNELS
 
 

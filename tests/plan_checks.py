@@ -28,7 +28,7 @@ import numpy as np
 
 import kilnet as kn
 from kilnet.compiler.lower import check_loss_spec, lower
-from kilnet.compiler.target import Target
+from kilnet.policy.target import Target
 from kilnet.graph import from_dict, to_dict
 from kilnet.model import Model
 from kilnet.runtime.device import select
@@ -157,7 +157,7 @@ def plant_optimizer_first_parameter_only():
     """Issue 29's defect: the optimizer launch declares the first parameter's range only,
     though it updates them all. Returns the function that undoes it."""
     from kilnet.compiler import lower as lower_mod
-    from kilnet.ops.base import Use
+    from kilnet.kernels.base import Use
     real = lower_mod.spanning
     lower_mod.spanning = lambda buffer, extent, access="in": Use(buffer, access)
     return lambda: setattr(lower_mod, "spanning", real)

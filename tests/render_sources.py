@@ -16,7 +16,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "examples"), os.path.join(ROOT, "benchm
 
 import kilnet as kn  # noqa: E402
 from kilnet.compiler.lower import lower  # noqa: E402
-from kilnet.compiler.target import Target  # noqa: E402
+from kilnet.policy.target import Target  # noqa: E402
 
 TARGETS = {
     "cpu16": Target("cpu", 8192, 2, 262144, "cpu", "intel", vector_bytes=16),

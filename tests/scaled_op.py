@@ -1,10 +1,10 @@
 """scaled(x, activation): y = act(s·x) elementwise, with one learned scalar s (parameter
 ``scale``). A whole op in one file: builder, Op and template."""
-from kilnet.compiler import symbolic
 from kilnet.graph import graph_of
+from kilnet.kernels.base import kernel, keeps_preactivation, out
 from kilnet.ops import Op, Param, register
 from kilnet.ops.activation import scale_by_derivative
-from kilnet.ops.base import kernel, keeps_preactivation, out
+from kilnet.policy import symbolic
 
 TEMPLATE = """\
 {% import "common.cl.j2" as c %}

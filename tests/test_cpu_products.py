@@ -1,4 +1,4 @@
-"""The CPU products' defaults are per OpenCL implementation (compiler/schedule.py's
+"""The CPU products' defaults are per OpenCL implementation (policy/schedule.py's
 CPU_PRODUCTS): each implementation's policy picks its own blocks and groups, and products in
 those schedules match numpy on ragged shapes (rows not a multiple of the block, columns not a
 multiple of the vectors, groups past the edge), in float32 and float64, on every CPU
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import kilnet as kn
-from kilnet.compiler import schedule
-from kilnet.compiler.target import Target, vector_bytes_of
+from kilnet.policy import schedule
+from kilnet.policy.target import Target, vector_bytes_of
 from kilnet.runtime.device import select
 from devices_here import CPU_IMPLEMENTATIONS
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
-import kilnet.compiler.specialise as specialise
+import kilnet.compiler.render as render_mod
 from kilnet import Value
 
 
@@ -192,7 +192,7 @@ def test_optimizer_hyperparameters(make, fragments):
 
 
 def test_opencl_build_failure_names_the_kernel_shows_the_log_and_the_line(monkeypatch):
-    real = specialise.render
+    real = render_mod.render
 
     def broken(template, consts, names, access):
         src = real(template, consts, names, access)
@@ -202,7 +202,7 @@ def test_opencl_build_failure_names_the_kernel_shows_the_log_and_the_line(monkey
             src = "\n".join(lines) + "\n"
         return src
 
-    monkeypatch.setattr(specialise, "render", broken)
+    monkeypatch.setattr(render_mod, "render", broken)
     g = kn.Graph("broken")
     x = g.input("x", (3,))
     g.output("o", kn.activation(kn.dense(x, 2), "tanh", name="act"))
@@ -212,7 +212,7 @@ def test_opencl_build_failure_names_the_kernel_shows_the_log_and_the_line(monkey
     marked = [line for line in source.splitlines() if ">" in line[:7]]
     assert marked and "int broken_here = ;" in marked[0], source
     # Without the injected error the same graph builds and runs.
-    monkeypatch.setattr(specialise, "render", real)
+    monkeypatch.setattr(render_mod, "render", real)
     assert kn.compile(g, batch=2).forward({"x": np.ones((2, 3))})["o"].shape == (2, 2)
 
 

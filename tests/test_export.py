@@ -16,7 +16,7 @@ import c_runner
 
 import kilnet as kn
 from kilnet import export, mql5
-from kilnet.compiler import names
+from kilnet.policy import names
 from kilnet.runtime import icd
 from devices_here import CPU_IMPLEMENTATIONS
 from test_cli import run_cli
@@ -264,7 +264,7 @@ def test_kernels_cl_is_one_program_with_unique_names(tmp_path):
 
 
 def test_clashing_renders_are_renamed_when_concatenated():
-    from kilnet.compiler.specialise import header
+    from kilnet.compiler.render import header
     head = header("float")
 
     class FakePlan:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
-from kilnet.compiler import symbolic
+from kilnet.policy import symbolic
 import reference as ref
 
 H = 1e-6          # finite-difference step
@@ -145,7 +145,7 @@ def test_dense_activation(kind):
 
 @pytest.mark.parametrize("kind", sorted(symbolic.OUTPUT_DERIVATIVES))
 def test_derivative_from_the_output_matches_sympy(kind):
-    """act'(x) written in y = act(x) (compiler/symbolic.OUTPUT_DERIVATIVES) is sympy's act'(x),
+    """act'(x) written in y = act(x) (policy/symbolic.OUTPUT_DERIVATIVES) is sympy's act'(x),
     at points on both sides of 0 and at 0."""
     import sympy as sp
     act, d = symbolic.ACTIVATIONS[kind], sp.diff(symbolic.ACTIVATIONS[kind], symbolic.x)
@@ -163,7 +163,7 @@ def test_a_layers_derivative_comes_from_its_output_where_it_can(kind):
     """dense(act) -> dense: the second layer's input-gradient product applies act' of the first
     as it stores dx, read off the first layer's output (no pre-activation kept) for the
     activations that allow it, and off the kept pre-activation for the others (gelu)."""
-    from kilnet.compiler import names
+    from kilnet.policy import names
     g, (x,) = graph([("x", (6,))])
     g.output("y", kn.dense(kn.dense(x, 9, activation=kind), 4))
     check_gradients(g, {"y": "mse"}, 3, lambda P, f: {"y": ref.dense(

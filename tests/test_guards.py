@@ -10,7 +10,7 @@ import pyopencl as cl
 import pytest
 
 import kilnet as kn
-from kilnet.compiler.plan import Arg, Launch
+from kilnet.policy.plan import Arg, Launch
 from kilnet.runtime import executor
 from kilnet.runtime.executor import GUARD
 

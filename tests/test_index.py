@@ -1,4 +1,4 @@
-"""Index expressions of products (kilnet/ops/index.py): printed as integer C, read symbolically."""
+"""Index expressions of products (kilnet/kernels/index.py): printed as integer C, read symbolically."""
 import re
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 import sympy as sp
 
 from kilnet.errors import CompileError
-from kilnet.ops import index
-from kilnet.ops.index import b, k, m, n
+from kilnet.kernels import index
+from kilnet.kernels.index import b, k, m, n
 
 # conv1d's input gradient at step 2: quotients, remainders and a negative term
 CONV = b * 1088 + ((m - k // 32) // 2) * 32 + k % 32

@@ -126,7 +126,7 @@ def test_many_compute_units_agree(monkeypatch, batch, shape, build, split, form)
     in both GPU forms. (A PoCL device has too few compute units to reach these branches.)"""
     import dataclasses
 
-    from kilnet.compiler import target
+    from kilnet.policy import target
     of = target.Target.of
     monkeypatch.setattr(target.Target, "of", classmethod(
         lambda cls, d: dataclasses.replace(of(d), compute_units=132)))

@@ -18,7 +18,7 @@ import kilnet as kn
 import test_optimizers
 import test_plan
 from kilnet.compiler import lower as lower_mod
-from kilnet.ops.base import OuterGradient
+from kilnet.kernels.base import OuterGradient
 from test_gradients import check_gradients
 
 

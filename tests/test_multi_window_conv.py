@@ -160,7 +160,7 @@ def test_first_layer_skips_the_input_gradient(monkeypatch, form):
 @pytest.mark.parametrize("slices", [2, 5])
 def test_split_parameter_gradients(monkeypatch, tmp_path, form, slices):
     """Rows split into slices whose partial sums a second launch adds: the same gradients. The
-    split is forced through the schedule table (compiler/schedule.py)."""
+    split is forced through the schedule table (policy/schedule.py)."""
     monkeypatch.setenv("KILNET_TARGET", form)
     table = tmp_path / "schedules.json"
     table.write_text(json.dumps({"mw.backward_params": {"split": slices}}))

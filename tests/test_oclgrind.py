@@ -22,7 +22,7 @@ REPORTS = ("Invalid read", "Invalid write", "Data race", "race", "OCLGRIND FATAL
 
 BROKEN = """
 import importlib
-gemm = importlib.import_module("kilnet.ops.gemm")
+gemm = importlib.import_module("kilnet.kernels.gemm")
 real = gemm.column_sum
 def one_past_the_end(*a, cols, **k):
     [spec] = real(*a, cols=cols, **k)

@@ -144,7 +144,8 @@ def test_small_batches_form_dense_weight_gradients_in_the_update(batch, which, m
     """Up to OUTER_UPDATE_ROWS samples, train_step's optimizer forms each dense weight's gradient
     itself (the products storing it run only for gradients()); the training is the one the
     stored gradients give, step after step, also with every rewritten buffer poisoned first."""
-    from kilnet.compiler import lower, schedule
+    from kilnet.compiler import lower
+    from kilnet.policy import schedule
     make, _ = OPTIMIZERS[which]
     rng = np.random.default_rng(batch)
     data = [(rng.standard_normal((batch, 6, 3)), rng.dirichlet(np.ones(3), (batch, 2)).reshape(batch, 6))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
-from kilnet.compiler.plan import PHASES
+from kilnet.policy.plan import PHASES
 
 ALIGN = 16
 

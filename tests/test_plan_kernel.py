@@ -9,7 +9,7 @@ import pytest
 
 import kilnet as kn
 from kilnet.compiler.lower import check_loss_spec, lower
-from kilnet.compiler.target import Target
+from kilnet.policy.target import Target
 from plan_kernel_models import MODELS, qnet_like
 
 GPU = Target("gpu", max_work_group=1024, compute_units=132, local_mem=49152, plan_kernel=True)
@@ -50,7 +50,7 @@ def test_a_launch_that_needs_another_group_runs_apart(monkeypatch, tmp_path):
     table = tmp_path / "table.json"
     table.write_text(json.dumps({"softmax_1.forward": {"local": [64]}}))
     monkeypatch.setenv("KILNET_SCHEDULES", str(table))
-    from kilnet.compiler import schedule
+    from kilnet.policy import schedule
     plan = plan_of(qnet_like, replace(GPU, schedules=schedule.load_table(str(table))))
     pk = plan.plan_kernel
     assert pk.apart == {"softmax_1.forward": "needs work-groups of 64"}
@@ -137,7 +137,7 @@ def test_bad_settings_are_refused(monkeypatch, var, value, message):
 
 def default_runs_plan_kernels():
     """Whether the default device's implementation runs plan kernels by default (NVIDIA's)."""
-    from kilnet.compiler.target import PLAN_KERNEL
+    from kilnet.policy.target import PLAN_KERNEL
     from kilnet.runtime.device import implementation, select
     return implementation(select()) in PLAN_KERNEL
 

@@ -1,4 +1,4 @@
-"""Schedules (compiler/schedule.py): an override table changes launch shapes, not results, and a bad
+"""Schedules (policy/schedule.py): an override table changes launch shapes, not results, and a bad
 entry is refused, naming the launch and the field, before any kernel is built."""
 import json
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import kilnet as kn
-from kilnet.compiler import schedule
-from kilnet.compiler.target import Target
+from kilnet.policy import schedule
+from kilnet.policy.target import Target
 from kilnet.runtime.device import select
 
 

@@ -14,8 +14,8 @@ import pytest
 
 import kilnet as kn
 from kilnet import tune
-from kilnet.compiler import schedule as sched
-from kilnet.compiler.target import Target
+from kilnet.policy import schedule as sched
+from kilnet.policy.target import Target
 
 from test_cli import run_cli
 

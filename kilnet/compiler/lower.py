@@ -11,14 +11,15 @@ import dataclasses
 
 from ..errors import CompileError, DeadBranchWarning, GraphError, warn_caller
 from ..ops import get_op
-from ..ops.base import Collective, Use, inout, kernel, op_kinds, out, spanning
-from ..ops.losses import ELEMENTWISE, check as check_loss, elementwise_loss, parts
-from . import memory, names, persistent
+from ..kernels.base import Collective, Use, inout, kernel, op_kinds, out, spanning
+from ..kernels.losses import ELEMENTWISE, check as check_loss, elementwise_loss, parts
+from ..policy import memory, names
+from . import persistent
 from .fusion import fuse_activation_derivatives, grad_writers, root
-from .plan import Arg, HostStep, Launch, Plan
-from .schedule import OUTER_UPDATE_ROWS
-from .specialise import Specialiser
-from .target import GPU
+from ..policy.plan import Arg, HostStep, Launch, Plan
+from ..policy.schedule import OUTER_UPDATE_ROWS
+from .render import Renderer
+from ..policy.target import GPU
 
 
 # Phases whose launches change the model's state (parameters, moments, statistics): guarded by
@@ -39,7 +40,7 @@ class Context:
         return self._l.value_buffer(self.node.inputs[i])
 
     def schedule(self, step, kind="map", **shape):
-        """The target's schedule (compiler/schedule.py) of this node's launch ``step``."""
+        """The target's schedule (policy/schedule.py) of this node's launch ``step``."""
         return self.target.schedule(kind, f"{self.node.name}.{step}{self._suffix}", self.dtype,
                                     **shape)
 
@@ -121,7 +122,7 @@ class Lowering:
         self.input_grads, self.debug_buffers = input_grads, debug_buffers
         self.buffers = {}
         self.launches = []
-        self.spec = Specialiser(dtype)
+        self.renderer = Renderer(dtype)
         self.params, self.state = {}, {}
         self._node_params = {}
         self.targets, self.loss_parts, self.input_grad_buffers = {}, [], {}
@@ -192,7 +193,7 @@ class Lowering:
                 # not finite (names.STEP_OK; c.kernel returns at once)
                 k = dataclasses.replace(k, args=k.args + [Use(names.STEP_OK)],
                                         names=k.names + ["step_ok"])
-            kname = self.spec.kernel_for(name, k.template, k.consts, k.names,
+            kname = self.renderer.kernel_for(name, k.template, k.consts, k.names,
                                          [u.access for u in k.args])
             args = []
             for i, (pname, use) in enumerate(zip(k.names, k.args)):
@@ -460,12 +461,12 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
         elif ranks > 1:
             why = "data-parallel plans stop between launches for their collectives"
         else:
-            plan_kernel, lo.spec.sources[persistent.NAME] = persistent.build(
-                lo.launches, lo.spec, lo.spec.header, target)
+            plan_kernel, lo.renderer.sources[persistent.NAME] = persistent.build(
+                lo.launches, lo.renderer, lo.renderer.header, target)
             why = None
     return Plan(graph=graph, batch=batch, dtype=dtype, loss=dict(loss), optimizer=optimizer,
                 input_grads=input_grads, debug_buffers=debug_buffers,
-                buffers=lo.buffers, arenas=lo.arenas, sources=lo.spec.sources, launches=lo.launches,
+                buffers=lo.buffers, arenas=lo.arenas, sources=lo.renderer.sources, launches=lo.launches,
                 feeds={n: lo.value_buffer(v) for n, v in graph.inputs.items()},
                 outputs={n: lo.value_buffer(v) for n, v in graph.outputs.items()},
                 targets=lo.targets, losses=lo.loss_parts,

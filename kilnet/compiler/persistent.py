@@ -34,7 +34,7 @@ benchmarks/results/nvidia-h200-plan-kernel-2026-11-30.txt: bit for bit over 50 s
 import re
 from dataclasses import dataclass, field
 
-from ..ops.base import pow2_at_least
+from ..policy.vectors import pow2_at_least
 
 NAME = "kl_plan"
 # A GPU launch of more work-groups than this many per compute unit runs apart. The plan kernel
@@ -132,7 +132,7 @@ def stages(launches, merge=True):
 
 
 def build(launches, spec, header, target):
-    """(PlanKernel, source) for ``launches`` rendered by Specialiser ``spec``."""
+    """(PlanKernel, source) for ``launches`` rendered by Renderer ``spec``."""
     rendered = {}
     for launch in launches:
         if launch.kernel not in rendered:

@@ -1,9 +1,10 @@
 """The op catalogue: importing this package imports each of its modules, which registers every
-op (``base.register``); the public builders are what the registry holds."""
+op (``kilnet.kernels.base.register``); the public builders are what the registry holds. Every
+module here is an op; what ops are built from is kilnet/kernels/"""
 import importlib
 import pkgutil
 
-from .base import BUILDERS as _REGISTERED, Kernel, Op, Param, get_op, register  # noqa: F401
+from ..kernels.base import BUILDERS as _REGISTERED, Kernel, Op, Param, get_op, register  # noqa: F401
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

@@ -1,7 +1,7 @@
 """activation: y = act(x) elementwise, with act and act' printed from sympy."""
-from ..compiler import symbolic
+from ..policy import symbolic
 from ..graph import graph_of
-from .base import Op, inout, kernel, out, register
+from ..kernels.base import Op, inout, kernel, out, register
 
 
 

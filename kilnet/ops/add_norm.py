@@ -5,7 +5,8 @@ in backward; here the sum is plain and the backward pass is the true derivative:
 dz = inv/D·(D·g − Σg − ẑ·Σ(g·ẑ)), and da = db = dz.
 """
 from ..graph import graph_of
-from .base import Op, kernel, need, out, pow2_at_least, register, vector_width
+from ..kernels.base import Op, kernel, need, out, register
+from ..policy.vectors import pow2_at_least, vector_width
 
 EPS = 1e-5
 

@@ -1,6 +1,6 @@
 """concat: join values along the last axis; the leading axes must agree."""
 from ..graph import graph_of
-from .base import GraphError, Op, kernel, need, out, register
+from ..kernels.base import GraphError, Op, kernel, need, out, register
 
 
 

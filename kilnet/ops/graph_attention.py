@@ -47,12 +47,12 @@ import math
 
 import numpy as np
 
-from ..compiler.schedule import cpu_products
+from ..policy.schedule import cpu_products
 from ..graph import graph_of
-from .base import (Op, Param, inout, int_attr, kernel, need, out, pow2_at_least, register,
-                   vector_width)
-from .gemm import gemm, linear, linear_backward, linears
-from .index import b, k, m, n
+from ..kernels.base import Op, Param, inout, int_attr, kernel, need, out, register
+from ..policy.vectors import pow2_at_least, vector_width
+from ..kernels.gemm import gemm, linear, linear_backward, linears
+from ..kernels.index import b, k, m, n
 
 STAGE_BYTES = 16384        # a head's blocks staged in local memory up to this size (GPUs)
 # A head's V transposed in private memory up to HEAD_BYTES (CPUs): dS without dA in memory. W2 at

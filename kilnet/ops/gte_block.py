@@ -15,7 +15,7 @@ gradients flow forwards through every layer (the article swaps the layer argumen
 """
 from ..graph import graph_of
 from .add_norm import add_norm
-from .base import register
+from ..kernels.base import register
 from .conv1d import conv1d
 from .graph_attention import graph_attention
 from .graph_conv import graph_conv

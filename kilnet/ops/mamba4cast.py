@@ -18,7 +18,7 @@ import math
 
 from ..errors import ShapeError
 from ..graph import graph_of
-from .base import register
+from ..kernels.base import register
 from .batchnorm import batchnorm
 from .concat import concat
 from .conv1d import conv1d

@@ -28,11 +28,12 @@ in as constants). Rows are (sample, variable) pairs.
   barriers. When that leaves too few groups for the device, the rows are also split into slices
   whose partial sums a second launch (``backward_params_reduce``) adds in a fixed order.
 """
-from ..compiler import symbolic
+from ..policy import symbolic
 from ..graph import graph_of
 from .activation import scale_by_derivative
-from .base import (GraphError, Op, Param, int_attr, keeps_preactivation, kernel, need, out,
-                   pow2_at_least, register, vector_width, widest_vector)
+from ..kernels.base import (GraphError, Op, Param, int_attr, keeps_preactivation, kernel, need,
+                            out, register)
+from ..policy.vectors import pow2_at_least, vector_width, widest_vector
 
 KT = 8                # taps per parameter-gradient unit (longer windows are cut into chunks)
 CPU_CHUNK = 4         # positions (forward) or steps (input gradient) per CPU work-item

@@ -2,7 +2,7 @@
 import math
 
 from ..graph import graph_of
-from .base import GraphError, Op, need, register
+from ..kernels.base import GraphError, Op, need, register
 
 
 def reshape(x, shape, name=None):

@@ -8,7 +8,7 @@ to that input, (y·Σt − t)/B, is written directly: going through −t/y would
 underflow to zero in float32.
 """
 from ..graph import graph_of
-from .base import Op, int_attr, kernel, need, out, register
+from ..kernels.base import Op, int_attr, kernel, need, out, register
 
 
 def softmax(x, heads=1, name=None):

@@ -26,8 +26,8 @@ import math
 import numbers
 
 from ..graph import graph_of
-from .base import GraphError, Op, Param, int_attr, kernel, need, out, register
-from .gemm import linear, linear_backward
+from ..kernels.base import GraphError, Op, Param, int_attr, kernel, need, out, register
+from ..kernels.gemm import linear, linear_backward
 
 
 

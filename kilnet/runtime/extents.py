@@ -2,7 +2,7 @@
 
 Whatever runs launches in another order or together (the plan kernel's merged stages, fusion,
 buffer reuse, export's bounds checks) trusts each launch's declared arguments: arena, offset,
-extent and access (``Arg``; ops.base.Use). This runs a launch so that a wrong declaration shows:
+extent and access (``Arg``; kernels.base.Use). This runs a launch so that a wrong declaration shows:
 
 - each pointer argument gets a buffer of its own holding exactly the ``extent`` elements it
   declares (copied from the arena), its offset argument pointing at them. Under Oclgrind (no

@@ -1,6 +1,6 @@
 """Where a product reads and writes: index expressions as integer sympy expressions.
 
-An op states a product's indexing (ops/gemm.py) with the symbols below: ``m`` (a row of the
+An op states a product's indexing (kernels/gemm.py) with the symbols below: ``m`` (a row of the
 output), ``n`` (its column), ``k`` (the summed index) and ``b`` (the batch entry, the launch's
 z-index), e.g. ``a_idx=m * n_in + k``. ``//`` and ``%`` are the integer quotient and remainder,
 printed as C's ``/`` and ``%``: C truncates where sympy floors, so a quotient must only be
@@ -28,7 +28,7 @@ def check(name, expr):
         expr = sp.sympify(expr, strict=True)
     except sp.SympifyError:
         raise CompileError(f"{name} must be a sympy expression of {_names(allowed)} "
-                           f"(kilnet.ops.index), got {expr!r}") from None
+                           f"(kilnet.kernels.index), got {expr!r}") from None
     stray = expr.free_symbols - set(allowed)
     if stray:
         raise CompileError(f"{name} = {expr} uses {_names(stray)}; it may use {_names(allowed)}")

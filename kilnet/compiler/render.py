@@ -8,7 +8,8 @@ import re
 
 import jinja2
 
-from ..ops.base import TEMPLATES, vector_pieces, widest_vector
+from ..kernels.base import TEMPLATES
+from ..policy.vectors import vector_pieces, widest_vector
 
 
 def _op_template(name):
@@ -70,7 +71,7 @@ def render_declared(template, consts, names, access, phase=False):
     return "\n".join(line for line in body.splitlines() if line.strip()) + "\n", kname
 
 
-class Specialiser:
+class Renderer:
     """Collects renders for one plan: kernel name per launch, source per kernel."""
 
     def __init__(self, dtype):

@@ -9,7 +9,7 @@ class Arg:
     buffer: str                 # plan buffer it points into (None for offsets)
     role: str
     value: object               # offset (elements) for offset slots, arena role for pointers
-    access: str = None          # pointers: "in" | "out" | "inout" (ops.base.Use)
+    access: str = None          # pointers: "in" | "out" | "inout" (kernels.base.Use)
     extent: int = None          # pointers: elements from the buffer's start the kernel may touch
 
     def __repr__(self):
@@ -60,7 +60,7 @@ class HostStep:
 
 
 # "gradient": launches storing a parameter gradient that train_step's optimizer forms itself
-# (ops.base.OuterGradient): gradients() runs them in their place in the backward pass.
+# (kernels.base.OuterGradient): gradients() runs them in their place in the backward pass.
 PHASES = ("infer", "forward", "loss", "backward", "gradient", "update_state", "optimizer")
 
 
@@ -88,7 +88,7 @@ class Plan:
     poisonable: list = field(default_factory=list)   # buffers every step rewrites fully
     check_finite: bool = False  # run calls a launch at a time, stopping at a non-finite output
     check_extents: bool = False  # run each launch confined to its declared ranges (extents.py)
-    target: object = None       # the compiler.target.Target the kernels were specialised for
+    target: object = None       # the policy.target.Target the kernels were specialised for
     ranks: int = 1              # data-parallel ranks the plan was made for (batch is per rank)
     host_steps: list = field(default_factory=list)   # HostStep: collectives between launches
     # The plan kernel that runs launch sequences in one launch (compiler/persistent.py), or None

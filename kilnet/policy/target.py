@@ -40,7 +40,7 @@ class Target:
     plan_kernel: bool = False  # run launch sequences as one plan kernel (compiler/persistent.py)
     plan_merge: bool = True    # independent phases of it share a stage (persistent.stages)
     vector_bytes: int = 32     # a CPU form's explicit vector: one register (vector_bytes_of)
-    # {launch name or kernel family: Schedule}: overrides laid over the policy (compiler/schedule.py)
+    # {launch name or kernel family: Schedule}: overrides laid over the policy (policy/schedule.py)
     schedules: dict = field(default=None, hash=False, repr=False)
 
     @property
@@ -52,7 +52,7 @@ class Target:
 
     def schedule(self, kind, name, dtype="float", **shape):
         """The schedule of launch ``name`` of family ``kind``: the one policy's, overridden by this
-        target's table (compiler/schedule.py)."""
+        target's table (policy/schedule.py)."""
         return sched.choose(self, kind, name, dtype, **shape)
 
     @classmethod

@@ -37,7 +37,7 @@ class Optimizer:
         the target's "vector_map" schedule of the launch.
 
         outer=(rows, N, K): the parameter is (N, K) and its gradient Σ_r dz[r, n]·x[r, k] is
-        formed here from buffers ``dz`` and ``x`` instead of read from ``grad`` (ops.base.
+        formed here from buffers ``dz`` and ``x`` instead of read from ``grad`` (kernels.base.
         OuterGradient); the launch is then (k, n), one row per index of dimension 1."""
         V = schedule.vector
         consts = dict(kind=self.kind, N=n, V=V, scaled=scaled, outer=outer is not None,

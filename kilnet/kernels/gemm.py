@@ -2,14 +2,15 @@
 
 The op states its product as index expressions; this module picks the kernel form for the target
 (local-memory tiles on GPUs, vector registers on CPUs); the target's schedule gives the tile shape
-and the k-split (compiler/schedule.py). Each function returns a list of kernels.
+and the k-split (policy/schedule.py). Each function returns a list of kernels.
 """
 import dataclasses
 
-from ..compiler import symbolic
-from ..compiler.schedule import PREFETCH_MIN, cpu_products, kvec_form, large_form
+from ..policy import symbolic
+from ..policy.schedule import PREFETCH_MIN, cpu_products, kvec_form, large_form
 from . import index
-from .base import kernel, out as written, round_up
+from .base import kernel, out as written
+from ..policy.vectors import round_up
 from .index import b, k, m, n
 
 GEMV_ROWS = 4              # up to this many rows, a GPU product along k is a reduction per column
@@ -24,7 +25,7 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     launch of its own for it (Context.dx_scale).
 
     A_IDX (of m, k, b), B_IDX (of k, n, b) and C_IDX (of m, n, b) are integer sympy expressions
-    of the symbols in ops/index.py; a_pred, a condition on m and k, masks A (it reads 0 where
+    of the symbols in kernels/index.py; a_pred, a condition on m and k, masks A (it reads 0 where
     false). a_kfast: A is contiguous in k (else in m); b_nfast: B is contiguous in n (else in k).
     """
     assert dscale is None or (not accumulate and act == "none" and bias is None)

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, fields, replace
 
 from ..errors import CompileError
-from ..ops.base import pow2_at_least, pow2_at_most, vector_width
+from .vectors import pow2_at_least, pow2_at_most, vector_width
 from ..runtime.program import cache_dir
 
 LANES = 64            # work-items per group of a launch with one work-item per element or row
@@ -361,7 +361,7 @@ def policy(target, kind, dtype="float", **shape):
         return Schedule(local=(L, 1, 1))
     if kind == "gemm_vec":       # shape: M, N, K, batch, kvec (both operands run along k),
         #                          a_along_m (A runs along m), groups (products sharing A in
-        #                          one launch, ops.gemm.linears; each present only where it is)
+        #                          one launch, kernels.gemm.linears; each present only where it is)
         for pack in (True, False) if shape["kvec"] and shape["K"] <= PACK_K else (False,):
             s = Schedule(block=vec_block(target, shape, pack, V), vector=V,
                          pack=pack if shape["kvec"] else None)
@@ -467,7 +467,7 @@ def panel_columns(shape, kvec, block, V):
 
 
 def entries(shape):
-    """The products a CPU gemm launch computes: its batch, or its groups (ops.gemm.linears)."""
+    """The products a CPU gemm launch computes: its batch, or its groups (kernels.gemm.linears)."""
     return shape.get("batch", 1) * shape.get("groups", 1)
 
 
