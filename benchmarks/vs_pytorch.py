@@ -889,7 +889,7 @@ def main(argv=None):
           f"warm-up", flush=True)
     print(f"# kilnet submit: {probe._exec.submit.why}", flush=True)
     if a.tune and a.table is None:
-        a.table = tune.sched.tuned_table_path(probe.plan.target)
+        a.table = tune.sched.tuned_table_path(probe.plan.target, probe.settings)
     if a.tune and not os.path.isfile(a.table):
         tune.sched.write_table(a.table, {})     # where the policy wins everything, an empty table
     peaks = measure_peaks(torch, dev, a.device, a.gemm, 3 if not gpu else 10) if a.gemm else {}

@@ -7,13 +7,14 @@ import numbers
 
 from .checkpoint import parse
 from .compiler.lower import check_loss_spec, lower
-from .policy.target import Target
+from .policy.target import Target, check as check_settings
 from .errors import CheckpointError, CompileError, GraphError, KilnetError
 from .graph import Graph
 from .model import Model
 from .kernels.optimizers import Optimizer
 from .runtime import distributed
 from .runtime.device import select as select_device
+from .settings import read as read_settings
 
 DTYPES = ("float32", "float64")
 
@@ -49,8 +50,11 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
     if comm is None:
         if overlap:
             raise CompileError("overlap= needs comm= (a data-parallel model)")
-        return _compile(graph, batch, optimizer, loss, dtype, device, seed, input_grads,
-                        debug_buffers, poison, check_finite, check_extents)
+        settings = read_settings()        # the environment, once: the plan records it
+        plan, dev = _plan(graph, batch, optimizer, loss, dtype, device, input_grads,
+                          debug_buffers, check_finite, settings, seed=seed,
+                          check_extents=check_extents)
+        return Model(plan, device=dev, seed=seed, poison=poison)
     distributed.check_comm(comm)          # before any collective or device work
     if not (isinstance(overlap, bool) or (isinstance(overlap, numbers.Integral) and overlap > 0)):
         raise CompileError(f"overlap must be False, True or a bucket size in bytes > 0, got "
@@ -58,28 +62,25 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
     distributed.abort_on_uncaught_exception(comm)
     local = distributed.local_rank(comm)
     plan = dev = None
+    limit = distributed.DEFAULT_TIMEOUT_S
     try:        # a rank that fails here must still meet the others in `agree`, or they would wait
-        dev = distributed.rank_device(local, device, select_device)
+        settings = read_settings()
+        limit = distributed.limit_of(settings)
+        dev = distributed.rank_device(local, device, select_device, settings)
         plan, dev = _plan(graph, batch, optimizer, loss, dtype, dev, input_grads, debug_buffers,
-                          check_finite, seed=seed, ranks=comm.Get_size(),
+                          check_finite, settings, seed=seed, ranks=comm.Get_size(),
                           check_extents=check_extents)
         mine = distributed.fingerprint(plan, overlap)
     except KilnetError as e:
         mine = e
-    distributed.agree(comm, mine)
+    distributed.agree(comm, mine, limit)
     return Model(plan, device=dev, seed=seed, poison=poison, comm=comm, overlap=overlap)
 
 
-def _compile(graph, batch, optimizer, loss, dtype, device, seed, input_grads, debug_buffers,
-             poison, check_finite, check_extents=False):
-    plan, dev = _plan(graph, batch, optimizer, loss, dtype, device, input_grads, debug_buffers,
-                      check_finite, seed=seed, check_extents=check_extents)
-    return Model(plan, device=dev, seed=seed, poison=poison)
-
-
 def _plan(graph, batch, optimizer, loss, dtype, device, input_grads, debug_buffers, check_finite,
-          seed=0, ranks=1, check_extents=False):
-    """Check the arguments, choose the device, lower: (plan, device)."""
+          settings, seed=0, ranks=1, check_extents=False):
+    """Check the arguments, choose the device, lower: (plan, device). ``settings``: the
+    KILNET_* variables as compile read them (kilnet/settings.py), recorded in the plan."""
     if not isinstance(graph, Graph):
         raise GraphError(f"compile: expected a kn.Graph, got {type(graph).__name__}")
     if not graph.outputs:
@@ -98,9 +99,10 @@ def _plan(graph, batch, optimizer, loss, dtype, device, input_grads, debug_buffe
     loss = check_loss_spec(graph, loss)
     if optimizer is not None and not loss:
         raise CompileError("an optimizer needs a loss: pass loss={output: kind}")
-    dev = select_device(device)
+    check_settings(settings)
+    dev = select_device(device, settings)
     plan = lower(graph, batch, dtype, loss, optimizer, bool(input_grads), bool(debug_buffers),
-                 Target.of(dev), ranks=ranks)
+                 Target.of(dev, settings), ranks=ranks, settings=settings)
     return dataclasses.replace(plan, check_finite=bool(check_finite),
                                check_extents=bool(check_extents)), dev
 

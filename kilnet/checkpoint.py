@@ -23,7 +23,7 @@ from .errors import CheckpointError, KilnetError
 from .graph import from_dict, to_dict
 from .ops import get_op
 from .kernels.optimizers import from_config
-from .runtime.distributed import bcast_obj
+from .runtime.distributed import bcast_obj, limit_of
 
 NP_DTYPE = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
 FORMAT = "kilnet-checkpoint"
@@ -72,7 +72,8 @@ def save(model, path):
             _save(model, path)
         except CheckpointError as e:
             error = e
-    message = bcast_obj(model.comm, None if error is None else str(error), "save")
+    message = bcast_obj(model.comm, None if error is None else str(error), "save",
+                        limit_of(model.settings))
     if error is not None:
         raise error
     if message is not None:

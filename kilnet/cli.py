@@ -23,6 +23,7 @@ import sys
 
 import kilnet as kn
 
+from .settings import read as read_settings
 from . import export, mql5, tune
 from .errors import KilnetError
 from .inspect import arg_list, kernel_table, memory_table
@@ -55,7 +56,7 @@ def cmd_devices(args):
     for d in rows:
         if d["builds"] is not None:
             print(f"\ndevice {d['id']} ({d['implementation']}) cannot build kernels: {d['builds']}")
-    chosen = os.environ.get("KILNET_DEVICE")
+    chosen = read_settings().device
     print(f"\nKILNET_DEVICE={chosen!r}" if chosen else
           "\nKILNET_DEVICE is not set: models take the first GPU that builds kernels, else the best "
           "CPU implementation that does (intel, then pocl)")

@@ -67,7 +67,8 @@ def plan_for(model, target=None):
     plan when it already is, else the same graph lowered for that form (with the limits of the
     model's device). A debug_buffers plan is lowered again without its per-buffer layout."""
     plan = model.plan
-    own = plan.target.kind if plan.target is not None else Target.of(model.device).kind
+    own = plan.target.kind if plan.target is not None else Target.of(model.device,
+                                                                      model.settings).kind
     kind = own if target is None else target
     if kind not in TARGETS:
         raise BundleError(f"export: target must be one of {', '.join(TARGETS)} (or None for the "
@@ -79,7 +80,8 @@ def plan_for(model, target=None):
         kind, d.max_work_group_size, d.max_compute_units, d.local_mem_size, d.name.strip(),
         vector_bytes=vector_bytes_of(d))
     return lower(model.graph, plan.batch, plan.dtype, plan.loss, plan.optimizer, plan.input_grads,
-                 False, dataclasses.replace(base, kind=kind))
+                 False, dataclasses.replace(base, kind=kind),
+                 settings=plan.settings)
 
 
 # -- the program: one .cl for every kernel ---------------------------------------------------
@@ -214,6 +216,7 @@ def build(model, target=None, train=False):
     doc = {
         "format": FORMAT, "version": VERSION, "model": plan.graph.name,
         "dtype": plan.dtype, "batch": plan.batch, "target": plan.target.kind, "train": bool(train),
+        "settings": model.settings.changed(),
         "source": "kernels.cl",
         "arenas": [{"role": r, "elements": plan.arenas[r], "dtype": plan.dtype,
                     "bytes": plan.arenas[r] * dtype.itemsize,

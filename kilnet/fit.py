@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import CompileError, FeedError, GraphError, NonFiniteLoss
-from .runtime.distributed import allgather_obj
+from .runtime.distributed import allgather_obj, limit_of
 
 
 @dataclass
@@ -199,7 +199,8 @@ def _refuse_unsharded(model, feeds, targets):
     h = hashlib.sha256()
     for name, value in arrays:
         h.update(name.encode() + np.ascontiguousarray(value).tobytes())
-    every = allgather_obj(model.comm, h.hexdigest(), "fit: the ranks' first batches")
+    every = allgather_obj(model.comm, h.hexdigest(), "fit: the ranks' first batches",
+                          limit_of(model.settings))
     if len(set(every)) == 1:
         raise FeedError(
             f"fit: every one of the {model.ranks} ranks was given the same first batch of "
@@ -226,7 +227,8 @@ def _first_non_finite(model, feeds, targets):
     report = model.first_non_finite(feeds, targets)
     if getattr(model, "ranks", 1) <= 1:
         return report
-    every = allgather_obj(model.comm, report, "fit: the ranks' non-finite reports")
+    every = allgather_obj(model.comm, report, "fit: the ranks' non-finite reports",
+                          limit_of(model.settings))
     for rank, found in enumerate(every):
         if found is not None:
             return dict(found, rank=rank)

@@ -14,7 +14,9 @@ def summary(model):
     out = [f"model {g.name!r}: batch {plan.batch}, {plan.dtype}, "
            f"{'training' if plan.training else 'inference'} plan on {model.device.name.strip()}"
            + (f" ({plan.target.implementation}, {plan.target.kind} kernel form)" if plan.target else ""),
-           "submit: " + model._exec.submit.why + _one_at_a_time(plan) + _no_plan_kernel(model)]
+           "submit: " + model._exec.submit.why + _one_at_a_time(plan) + _no_plan_kernel(model),
+           model.settings.describe()
+           + (f"; schedule table {plan.target.table}" if plan.target and plan.target.table else "")]
     if model._exec.submit.name == "plan kernel":
         out.append(plan.plan_kernel.describe())     # its stages, and what runs apart and why
     if plan.optimizer is not None:

@@ -1,4 +1,5 @@
 """A compiled model: the public face of a plan and its executor."""
+import dataclasses
 import math
 import time
 
@@ -12,12 +13,17 @@ from .inspect import summary as summary_of
 from .ops import get_op
 from .runtime import distributed
 from .runtime.executor import Executor
+from .settings import read as read_settings
 
 
 
 
 class Model:
     def __init__(self, plan, device=None, seed=0, poison=False, comm=None, overlap=False):
+        if plan.settings is None:       # a plan made by lower() alone: the environment now
+            plan = dataclasses.replace(plan, settings=read_settings())
+        # The KILNET_* settings the plan was compiled under; nothing reads the environment later.
+        self.settings = plan.settings
         self.plan, self.graph = plan, plan.graph
         self.batch, self.dtype, self.seed = plan.batch, plan.dtype, seed
         self.optimizer = plan.optimizer
@@ -33,7 +39,7 @@ class Model:
                 self._exec = Executor(plan, device, poison=poison)
             except KilnetError as e:
                 error = e
-            distributed.agree_ok(comm, error)
+            distributed.agree_ok(comm, error, distributed.limit_of(self.settings))
             self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
             self._dist = distributed.Replicas(comm, self._exec, plan, overlap)
         self.device = self._exec.device

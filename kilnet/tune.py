@@ -219,7 +219,7 @@ def tune(model, budget=DEFAULT_BUDGET, only=None, path=None, write=True, log=Non
     only: launch names or families (shell patterns, e.g. ``"dense*"``, ``"gemm_vec"``) to tune;
         default every tunable launch.
     path: the table to merge into (default: ``KILNET_SCHEDULES``, else the device's table in
-        the cache dir, ``schedule.tuned_table_path``). write=False measures without writing.
+        the cache dir, ``schedule.tuned_table_path``; both as the model's settings say). write=False measures without writing.
     log: called with a line of progress per decision (e.g. ``print``)."""
     if not isinstance(model, Model):
         raise CompileError(f"tune: expected a compiled model (kn.compile(...)), got "
@@ -233,8 +233,9 @@ def tune(model, budget=DEFAULT_BUDGET, only=None, path=None, write=True, log=Non
     log = log or (lambda line: None)
     start = time.perf_counter()
     deadline = start + float(budget)
-    base = replace(model.plan.target or Target.of(model.device), schedules=None)
-    path = path or sched.tuned_table_path(base)
+    base = replace(model.plan.target or Target.of(model.device, model.settings), schedules=None,
+                   table=None)
+    path = path or sched.tuned_table_path(base, model.settings)
     session = _Session(model, base, seed)
     items = session.items(only)
     rows, entries, dropped = [], {}, []
@@ -299,7 +300,8 @@ class _Session:
 
     def lower(self, target):
         p = self.model.plan
-        return lower(p.graph, p.batch, p.dtype, p.loss, p.optimizer, p.input_grads, False, target)
+        return lower(p.graph, p.batch, p.dtype, p.loss, p.optimizer, p.input_grads, False, target,
+                     settings=p.settings)
 
     def build(self, plan):
         return Model(plan, device=self.model.device, seed=self.model.seed, poison=True)

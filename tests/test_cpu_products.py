@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+from kilnet import settings
 from kilnet.policy import schedule
 from kilnet.policy.target import Target, vector_bytes_of
 from kilnet.runtime.device import select
@@ -140,10 +141,10 @@ def test_the_vector_is_the_devices_native_register(monkeypatch):
         Device.native_vector_width_float = native
         assert vector_bytes_of(Device) == want, native
     monkeypatch.setenv("KILNET_VECTOR_BYTES", "32")
-    assert vector_bytes_of(Device) == 32
+    assert vector_bytes_of(Device, settings.read().vector_bytes) == 32
     monkeypatch.setenv("KILNET_VECTOR_BYTES", "48")
-    with pytest.raises(kn.CompileError, match="KILNET_VECTOR_BYTES must be 16, 32 or 64, got '48'"):
-        vector_bytes_of(Device)
+    with pytest.raises(kn.CompileError, match="KILNET_VECTOR_BYTES must be one of 16, 32, 64; got '48'"):
+        settings.read()
     # AVX-512: 16 floats (8 doubles) per vector, and Intel's 4×4 k-vector block
     s = gemm_vec("intel", 64, 1000, True, vector_bytes=64)
     assert (s.block, s.vector) == ((4, 4), 16)

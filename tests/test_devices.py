@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+from kilnet.settings import read as read_settings
 from kilnet.runtime import device as devmod
 from kilnet.runtime import icd
 from devices_here import CPU_IMPLEMENTATIONS
@@ -241,5 +242,5 @@ def test_a_data_parallel_rank_never_defaults_to_the_simulator(fresh):
     from kilnet.runtime import distributed
     pretend({pd[3]: None for pd in devmod._pairs()})
     for local in range(3):
-        d = distributed.rank_device(local, None, devmod.select)
+        d = distributed.rank_device(local, None, devmod.select, read_settings())
         assert devmod.implementation(d) != "oclgrind", local

@@ -213,6 +213,9 @@ def test_gpu_form_exported_from_a_cpu_form_model(runner, run_env, tmp_path, monk
     monkeypatch.delenv("KILNET_TARGET")
     gpu.export(tmp_path / "from_gpu", train=True)
     a, b = (export.read(tmp_path / d) for d in ("from_cpu", "from_gpu"))
+    # the same bundle; each records the settings its model was compiled under
+    assert b["settings"]["KILNET_TARGET"] == "gpu" and "KILNET_TARGET" not in a["settings"]
+    a.pop("settings"), b.pop("settings")
     assert a == b and a["target"] == "gpu"
     for f in a["files"]:
         assert (tmp_path / "from_cpu" / f).read_bytes() == (tmp_path / "from_gpu" / f).read_bytes()

@@ -129,7 +129,7 @@ def test_many_compute_units_agree(monkeypatch, batch, shape, build, split, form)
     from kilnet.policy import target
     of = target.Target.of
     monkeypatch.setattr(target.Target, "of", classmethod(
-        lambda cls, d: dataclasses.replace(of(d), compute_units=132)))
+        lambda cls, d, settings=None: dataclasses.replace(of(d, settings), compute_units=132)))
     CASES["h200"] = (batch, shape, build)
     try:
         mg, yg, gg = run(monkeypatch, "gpu", "h200")

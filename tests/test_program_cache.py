@@ -8,6 +8,7 @@ import pytest
 import kilnet as kn
 from kilnet.runtime import device as devmod
 from kilnet.runtime import program
+from kilnet import settings
 
 SOURCE = "__kernel void twice(__global float* x) { x[get_global_id(0)] *= 2.0f; }"
 
@@ -21,7 +22,8 @@ def cache(tmp_path, monkeypatch):
 def fresh_build(source=SOURCE):
     """A build as a new process would do it: no program kept in memory."""
     ctx, queue, _ = devmod.context(devmod.select(None))
-    return program.build((ctx, queue, {}), "twice", source), ctx, queue
+    return program.build((ctx, queue, {}), "twice", source,
+                         cache_dir=settings.read().cache), ctx, queue
 
 
 def run(prg, ctx, queue):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+from kilnet import settings
 from kilnet.policy import schedule
 from kilnet.policy.target import Target
 from kilnet.runtime.device import select
@@ -82,12 +83,13 @@ def test_override_changes_launches_not_results(monkeypatch, tmp_path, kind, batc
 def test_no_table_keeps_the_policy(monkeypatch, tmp_path):
     monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
+    s = settings.read()
     t = Target("cpu", name="Some CPU", implementation="pocl")
-    assert schedule.table_path(t) is None
+    assert schedule.table_path(t, s) is None
     (tmp_path / "schedules").mkdir()
     per_device = tmp_path / "schedules" / "pocl-some-cpu.json"
     per_device.write_text("{}")
-    assert schedule.table_path(t) == str(per_device)
+    assert schedule.table_path(t, s) == str(per_device)
 
 
 @pytest.mark.parametrize("table, words", [

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+from kilnet import settings
 from kilnet import tune
 from kilnet.policy import schedule as sched
 from kilnet.policy.target import Target
@@ -48,7 +49,8 @@ def table(tmp_path, monkeypatch):
     """The device's table in a private cache dir (the machine's own is neither read nor written)."""
     monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
-    return pathlib.Path(sched.tuned_table_path(build(batch=2).plan.target))
+    m = build(batch=2)
+    return pathlib.Path(sched.tuned_table_path(m.plan.target, m.settings))
 
 
 @pytest.fixture
@@ -275,19 +277,20 @@ def test_cli_missing_targets(tmp_path, capsys):
 def test_table_key_has_the_driver_and_older_tables_still_apply(tmp_path, monkeypatch):
     monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
+    s = settings.read()
     t = Target("cpu", name="Some CPU", implementation="intel", driver="2026.22.10.0.01_160000")
     assert sched.device_key(t) == "intel-some-cpu-2026-22-10-0-01-160000"
     assert sched.device_key(t, driver=False) == "intel-some-cpu"
     folder = tmp_path / "schedules"
-    assert sched.table_path(t) is None
-    assert sched.tuned_table_path(t) == str(folder / "intel-some-cpu-2026-22-10-0-01-160000.json")
+    assert sched.table_path(t, s) is None
+    assert sched.tuned_table_path(t, s) == str(folder / "intel-some-cpu-2026-22-10-0-01-160000.json")
     folder.mkdir()
     (folder / "intel-some-cpu.json").write_text("{}")        # written before driver keys
-    assert sched.table_path(t) == str(folder / "intel-some-cpu.json")
+    assert sched.table_path(t, s) == str(folder / "intel-some-cpu.json")
     (folder / "intel-some-cpu-2026-22-10-0-01-160000.json").write_text("{}")
-    assert sched.table_path(t) == sched.tuned_table_path(t)
+    assert sched.table_path(t, s) == sched.tuned_table_path(t, s)
     other = Target("cpu", name="Some CPU", implementation="intel", driver="2027.1")
-    assert sched.table_path(other) == str(folder / "intel-some-cpu.json")
+    assert sched.table_path(other, s) == str(folder / "intel-some-cpu.json")
 
 
 def test_device_target_carries_the_driver_version():

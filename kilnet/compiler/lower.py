@@ -408,13 +408,16 @@ def _size(shape):
 
 
 def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers=False,
-          target=GPU, ranks=1):
+          target=GPU, ranks=1, settings=None):
     """The plan of ``graph``. The plan owns copies of the graph and the optimizer it was made
     from: passes record their decisions in the copy's nodes (``node.meta``), and later edits to
-    the user's graph or optimizer object do not reach the plan (the copy refuses edits)."""
+    the user's graph or optimizer object do not reach the plan (the copy refuses edits).
+    ``settings``: the KILNET_* variables ``target`` was made under (kilnet/settings.py),
+    recorded in the plan for the runtime."""
     graph = graph.copy(owner=f"the plan compiled from graph {graph.name!r}")
     optimizer = copy.deepcopy(optimizer)
-    return _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks)
+    plan = _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks)
+    return dataclasses.replace(plan, settings=settings)
 
 
 def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks):

@@ -95,6 +95,9 @@ class Plan:
     # and why not.
     plan_kernel: object = None
     plan_kernel_why: str = "the device's target does not ask for one"
+    # The KILNET_* settings kn.compile read (kilnet/settings.py): the runtime reads its own
+    # (enqueue, cache, dump, plan-kernel groups, MPI timeout) from here, never the environment.
+    settings: object = None
 
     def phase(self, *names):
         return [launch for launch in self.launches if launch.phase in names]

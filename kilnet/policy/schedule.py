@@ -21,7 +21,6 @@ from dataclasses import dataclass, fields, replace
 
 from ..errors import CompileError
 from .vectors import pow2_at_least, pow2_at_most, vector_width
-from ..runtime.program import cache_dir
 
 LANES = 64            # work-items per group of a launch with one work-item per element or row
 GROUP_LANES = 256     # the largest work-group that one row, segment or head gets
@@ -172,15 +171,11 @@ CPU_PRODUCTS = {
 
 
 def products_key(target):
-    """The CPU_PRODUCTS entry of ``target``: KILNET_CPU_PRODUCTS where set (to check another
-    implementation's products on this device, e.g. under Oclgrind), else its implementation at
-    its vector width, else its implementation, else PoCL's."""
-    forced = os.environ.get("KILNET_CPU_PRODUCTS")
-    if forced:
-        if forced not in CPU_PRODUCTS:
-            raise CompileError(f"KILNET_CPU_PRODUCTS must be one of {sorted(CPU_PRODUCTS)}, "
-                               f"got {forced!r}")
-        return forced
+    """The CPU_PRODUCTS entry of ``target``: its ``cpu_products`` where set (KILNET_CPU_PRODUCTS,
+    to check another implementation's products on this device, e.g. under Oclgrind), else its
+    implementation at its vector width, else its implementation, else PoCL's."""
+    if target.cpu_products:
+        return target.cpu_products
     for key in (f"{target.implementation}/{target.vector_bytes}", target.implementation):
         if key in CPU_PRODUCTS:
             return key
@@ -609,25 +604,24 @@ def device_key(target, driver=True):
     return name or "unknown"
 
 
-def table_path(target, environ=os.environ):
-    """The override table that applies to ``target``: ``KILNET_SCHEDULES`` if set, else the
-    first of ``<cache dir>/schedules/<device key>.json`` with and without the driver version that
-    exists, else None."""
-    path = environ.get("KILNET_SCHEDULES")
-    if path:
-        return path
+def table_path(target, settings):
+    """The override table that applies to ``target``: ``KILNET_SCHEDULES`` if set (in
+    ``settings``), else the first of ``<cache dir>/schedules/<device key>.json`` with and without
+    the driver version that exists, else None."""
+    if settings.schedules:
+        return settings.schedules
     for key in dict.fromkeys((device_key(target), device_key(target, driver=False))):
-        path = os.path.join(cache_dir(), "schedules", key + ".json")
+        path = os.path.join(settings.cache, "schedules", key + ".json")
         if os.path.exists(path):
             return path
     return None
 
 
-def tuned_table_path(target, environ=os.environ):
-    """Where ``kilnet tune`` writes ``target``'s table: ``KILNET_SCHEDULES`` if set, else
-    ``<cache dir>/schedules/<device key with driver>.json``."""
-    return environ.get("KILNET_SCHEDULES") or os.path.join(cache_dir(), "schedules",
-                                                           device_key(target) + ".json")
+def tuned_table_path(target, settings):
+    """Where ``kilnet tune`` writes ``target``'s table: ``KILNET_SCHEDULES`` if set (in
+    ``settings``), else ``<cache dir>/schedules/<device key with driver>.json``."""
+    return settings.schedules or os.path.join(settings.cache, "schedules",
+                                              device_key(target) + ".json")
 
 
 def write_table(path, entries, drop=()):

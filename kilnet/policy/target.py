@@ -1,9 +1,11 @@
-"""What the compiler needs to know of the device it specialises for (no OpenCL objects)."""
-import os
+"""What the compiler needs to know of the device it specialises for (no OpenCL objects), and
+every KILNET_* setting that shapes a kernel (kilnet/settings.py), so that a plan says why it is
+as it is."""
 from dataclasses import dataclass, field, replace
 
 from ..errors import CompileError
 from ..runtime.device import implementation
+from ..settings import read as read_settings
 from . import schedule as sched
 
 # The kernel form per implementation; other devices take theirs from their type. Measured with
@@ -40,6 +42,8 @@ class Target:
     plan_kernel: bool = False  # run launch sequences as one plan kernel (compiler/persistent.py)
     plan_merge: bool = True    # independent phases of it share a stage (persistent.stages)
     vector_bytes: int = 32     # a CPU form's explicit vector: one register (vector_bytes_of)
+    cpu_products: str = None   # KILNET_CPU_PRODUCTS: a CPU_PRODUCTS key to use instead of its own
+    table: str = None          # the schedule table laid over the policy (its path), or None
     # {launch name or kernel family: Schedule}: overrides laid over the policy (policy/schedule.py)
     schedules: dict = field(default=None, hash=False, repr=False)
 
@@ -56,30 +60,38 @@ class Target:
         return sched.choose(self, kind, name, dtype, **shape)
 
     @classmethod
-    def of(cls, device):
+    def of(cls, device, settings=None):
         """The device's target: the form FORMS gives its implementation, else the one its type
-        suggests. KILNET_TARGET=cpu|gpu forces a form (to test both on one device, e.g. under
-        Oclgrind). Its schedule overrides come from the table ``schedule.table_path`` names."""
+        suggests. ``settings`` (kilnet/settings.py; default: read now) may force a form
+        (KILNET_TARGET=cpu|gpu: to test both on one device, e.g. under Oclgrind), the plan
+        kernel, the vector width and the CPU products. Its schedule overrides come from the
+        table ``schedule.table_path`` names."""
         import pyopencl as cl
+        settings = settings if settings is not None else read_settings()
+        check(settings)
         impl = implementation(device)
-        kind = (os.environ.get("KILNET_TARGET") or FORMS.get(impl)
+        kind = (settings.target or FORMS.get(impl)
                 or ("cpu" if device.type & cl.device_type.CPU else "gpu"))
-        if kind not in ("cpu", "gpu"):
-            raise CompileError(f"KILNET_TARGET must be 'cpu' or 'gpu', got {kind!r}")
-        one, merge = os.environ.get("KILNET_PLAN_KERNEL"), os.environ.get("KILNET_PLAN_MERGE")
-        for var, value in (("KILNET_PLAN_KERNEL", one), ("KILNET_PLAN_MERGE", merge)):
-            if value not in (None, "", "0", "1"):
-                raise CompileError(f"{var} must be '0' or '1', got {value!r}")
+        one = settings.plan_kernel
         if one == "1" and impl in NO_PLAN_KERNEL:
             raise CompileError(f"KILNET_PLAN_KERNEL=1 on {device.name.strip()}: "
                                f"{NO_PLAN_KERNEL[impl]}")
         target = cls(kind, device.max_work_group_size, device.max_compute_units,
                      device.local_mem_size, device.name.strip(), impl,
                      device.driver_version.strip(),
-                     one == "1" if one else impl in PLAN_KERNEL, merge != "0",
-                     vector_bytes_of(device))
-        path = sched.table_path(target)
-        return target if path is None else replace(target, schedules=sched.load_table(path))
+                     one == "1" if one else impl in PLAN_KERNEL, settings.plan_merge != "0",
+                     vector_bytes_of(device, settings.vector_bytes), settings.cpu_products)
+        path = sched.table_path(target, settings)
+        return target if path is None else replace(target, schedules=sched.load_table(path),
+                                                   table=path)
+
+
+def check(settings):
+    """The settings whose values the compiler's own tables decide (a CompileError naming the
+    variable, before any device work)."""
+    if settings.cpu_products and settings.cpu_products not in sched.CPU_PRODUCTS:
+        raise CompileError(f"KILNET_CPU_PRODUCTS must be one of {sorted(sched.CPU_PRODUCTS)}, "
+                           f"got {settings.cpu_products!r}")
 
 
 # The explicit vector of the CPU forms is the device's native float vector: 32 bytes with AVX2,
@@ -90,13 +102,10 @@ class Target:
 VECTOR_BYTES = (16, 64)    # the range taken: SSE to AVX-512
 
 
-def vector_bytes_of(device):
-    """KILNET_VECTOR_BYTES (16, 32 or 64: to check one width's kernels on any device, e.g. under
-    Oclgrind, whose device reports 1 float), else the device's native float vector."""
-    forced = os.environ.get("KILNET_VECTOR_BYTES")
+def vector_bytes_of(device, forced=None):
+    """``forced`` (KILNET_VECTOR_BYTES, 16, 32 or 64: to check one width's kernels on any device,
+    e.g. under Oclgrind, whose device reports 1 float), else the device's native float vector."""
     if forced:
-        if forced not in ("16", "32", "64"):
-            raise CompileError(f"KILNET_VECTOR_BYTES must be 16, 32 or 64, got {forced!r}")
         return int(forced)
     lo, hi = VECTOR_BYTES
     return max(lo, min(hi, 4 * device.native_vector_width_float))

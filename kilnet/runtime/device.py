@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import CompileError
 from . import icd
-from .program import cache_dir
+from ..settings import read as read_settings
 
 # CPU implementations, best first. Measured side by side on a 2-core AMD EPYC (Zen 3), W1-W3 of
 # benchmarks/vs_pytorch.py: Intel's runtime ran every train step faster than PoCL (see
@@ -59,12 +59,11 @@ _warned = set()
 
 # At import (kilnet imports this module), so that Intel's runtime is registered even when the
 # program makes its own first OpenCL call before compiling a model.
-icd.register(cache_dir())
+icd.register(read_settings().cache)
 
 
 def _cl():
-    icd.register(cache_dir())      # before the first OpenCL call: the loader reads its folder once
-    import pyopencl as cl
+    import pyopencl as cl          # after icd.register (above): the loader reads its folder once
     return cl
 
 
@@ -106,7 +105,7 @@ def _ident(device):
 
 
 def _probe_file():
-    return os.path.join(cache_dir(), "probes.json")
+    return os.path.join(read_settings().cache, "probes.json")
 
 
 def _load_probes():
@@ -297,15 +296,16 @@ def _named(spec, pairs):
     raise CompileError(f"device {spec!r} matches no OpenCL device; found: {found}")
 
 
-def select(spec=None):
+def select(spec=None, settings=None):
     """The pyopencl device for ``spec``: None, 'intel', 'pocl', 'nvidia', 'gpu', 'cpu', 'P:D', or a
-    pyopencl.Device (e.g. another model's ``model.device``). A named device that cannot build
+    pyopencl.Device (e.g. another model's ``model.device``). None takes KILNET_DEVICE (from
+    ``settings``, else the environment now), else the default. A named device that cannot build
     kernels is refused with its build error and the fix."""
     cl = _cl()
     if isinstance(spec, cl.Device):
         return spec
     if spec is None:
-        spec = os.environ.get("KILNET_DEVICE") or None
+        spec = (settings if settings is not None else read_settings()).device
     if spec is not None and not isinstance(spec, str):
         raise CompileError(f"device must be None or a string such as 'intel', 'pocl', 'nvidia' or "
                            f"'0:0', got {spec!r}")

@@ -37,25 +37,21 @@ _POLL_S = (20e-6, 1e-3)     # polling backs off from 20 µs to 1 ms (a fixed 50 
 DEFAULT_TIMEOUT_S = 600.0           # as torch.distributed's default; KILNET_MPI_TIMEOUT changes it
 
 
-def timeout_s():
-    """KILNET_MPI_TIMEOUT in seconds (0: wait forever), default 600."""
-    v = os.environ.get("KILNET_MPI_TIMEOUT")
-    if not v:
+def limit_of(settings):
+    """The wait limit in seconds that ``settings`` give (KILNET_MPI_TIMEOUT; 0: None, forever),
+    default 600."""
+    t = settings.mpi_timeout
+    if t is None:
         return DEFAULT_TIMEOUT_S
-    try:
-        t = float(v)
-    except ValueError:
-        raise CompileError(f"KILNET_MPI_TIMEOUT must be a number of seconds, got {v!r}") from None
     return t if t > 0 else None
 
 
-def wait(reqs, what, progress=None):
-    """Wait for the MPI requests ``reqs``; after KILNET_MPI_TIMEOUT seconds raise RankTimeout
-    naming ``what``. A process that is killed or crashes is ended by mpiexec (MPICH aborts the
+def wait(reqs, what, limit=DEFAULT_TIMEOUT_S):
+    """Wait for the MPI requests ``reqs``; after ``limit`` seconds (None: forever; the
+    settings' KILNET_MPI_TIMEOUT, ``limit_of``) raise RankTimeout naming ``what``. A process that is killed or crashes is ended by mpiexec (MPICH aborts the
     job when a rank dies without MPI_Finalize) and an uncaught exception aborts through
     ``abort_on_uncaught_exception``; this bound covers a rank that leaves cleanly or hangs."""
     MPI = mpi()
-    limit = timeout_s()
     if limit is None:
         MPI.Request.Waitall(reqs)
         return
@@ -72,27 +68,27 @@ def wait(reqs, what, progress=None):
                     f"a rank has left (sys.exit mid-training) or is stuck")
 
 
-def allgather_obj(comm, obj, what):
-    """comm.allgather for picklable objects, bounded by the timeout."""
+def allgather_obj(comm, obj, what, limit=DEFAULT_TIMEOUT_S):
+    """comm.allgather for picklable objects, bounded by ``limit`` seconds (``wait``)."""
     MPI = mpi()
     data = np.frombuffer(pickle.dumps(obj), np.uint8)
     sizes = np.zeros(comm.Get_size(), np.int64)
     wait([comm.Iallgather([np.array([data.size], np.int64), MPI.INT64_T], [sizes, MPI.INT64_T])],
-         what)
+         what, limit)
     out = np.empty(int(sizes.sum()), np.uint8)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    wait([comm.Iallgatherv([data, MPI.BYTE], [out, (sizes, offsets), MPI.BYTE])], what)
+    wait([comm.Iallgatherv([data, MPI.BYTE], [out, (sizes, offsets), MPI.BYTE])], what, limit)
     return [pickle.loads(out[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
 
 
-def bcast_obj(comm, obj, what, root=0):
-    """comm.bcast for picklable objects, bounded by the timeout."""
+def bcast_obj(comm, obj, what, limit=DEFAULT_TIMEOUT_S, root=0):
+    """comm.bcast for picklable objects, bounded by ``limit`` seconds (``wait``)."""
     MPI = mpi()
     data = np.frombuffer(pickle.dumps(obj), np.uint8) if comm.Get_rank() == root else None
     size = np.array([0 if data is None else data.size], np.int64)
-    wait([comm.Ibcast([size, MPI.INT64_T], root=root)], what)
+    wait([comm.Ibcast([size, MPI.INT64_T], root=root)], what, limit)
     buf = data.copy() if data is not None else np.empty(int(size[0]), np.uint8)
-    wait([comm.Ibcast([buf, MPI.BYTE], root=root)], what)
+    wait([comm.Ibcast([buf, MPI.BYTE], root=root)], what, limit)
     return pickle.loads(buf.tobytes())
 
 
@@ -156,19 +152,19 @@ def local_rank(comm):
         node.Free()
 
 
-def rank_device(local, device, select):
+def rank_device(local, device, select, settings):
     """The device of the rank with node-local index ``local``: ``device`` when given, else the
-    one KILNET_DEVICE names, else GPU ``local`` (mod the node's GPU count), else ``select``'s
-    default (the CPU device). Returns a pyopencl.Device."""
-    if device is not None or os.environ.get("KILNET_DEVICE"):
-        return select(device)
+    one KILNET_DEVICE names (``settings.device``), else GPU ``local`` (mod the node's GPU
+    count), else ``select``'s default (the CPU device). Returns a pyopencl.Device."""
+    if device is not None or settings.device:
+        return select(device, settings)
     import pyopencl as cl
     try:     # a simulator (Oclgrind calls its device a GPU too) is never a rank's default
         gpus = [d for p in cl.get_platforms() for d in p.get_devices()
                 if d.type & cl.device_type.GPU and implementation(d) not in SIMULATORS]
     except cl.Error:
         gpus = []
-    return gpus[local % len(gpus)] if gpus else select(None)
+    return gpus[local % len(gpus)] if gpus else select(None, settings)
 
 
 # -- agreement at compile time --------------------------------------------------------------------
@@ -201,13 +197,13 @@ def fingerprint(plan, overlap):
     return {"hash": _digest(fields), "fields": fields, "nodes": nodes}
 
 
-def agree(comm, mine):
+def agree(comm, mine, limit=DEFAULT_TIMEOUT_S):
     """Every rank hands in its fingerprint, or the KilnetError its compile raised; every rank
     raises (a rank's own error as it was, the others a CompileError naming that rank) when a
     rank failed or differs from rank 0, so no rank goes on to wait in a collective alone."""
     summary = ("error", f"{type(mine).__name__}: {mine}") if isinstance(mine, BaseException) \
         else ("ok", mine)
-    every = allgather_obj(comm, summary, "compile (the ranks compare their plans)")
+    every = allgather_obj(comm, summary, "compile (the ranks compare their plans)", limit)
     failed = [(r, msg) for r, (kind, msg) in enumerate(every) if kind == "error"]
     if failed:
         if isinstance(mine, BaseException):
@@ -237,11 +233,11 @@ def agree(comm, mine):
                            f"{len(every)} ranks differ from rank 0: " + " | ".join(bad))
 
 
-def agree_ok(comm, error):
+def agree_ok(comm, error, limit=DEFAULT_TIMEOUT_S):
     """After a local step that may fail on some ranks only (building kernels, reading a
     checkpoint): every rank raises if any failed."""
     every = allgather_obj(comm, None if error is None else f"{type(error).__name__}: {error}",
-                          "start-up")
+                          "start-up", limit)
     failed = [(r, m) for r, m in enumerate(every) if m is not None]
     if failed:
         if error is not None:
@@ -257,6 +253,7 @@ class Replicas:
     def __init__(self, comm, executor, plan, overlap=False):
         self.MPI = MPI = mpi()
         self.comm, self.exec, self.plan = comm, executor, plan
+        self.limit = limit_of(executor.settings)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.np_dtype = executor.np_dtype
         self.mpi_dtype = MPI.DOUBLE if self.np_dtype == np.float64 else MPI.FLOAT
@@ -280,7 +277,8 @@ class Replicas:
                 continue
             a = np.zeros(n, self.np_dtype)
             self.exec.read_span(role, 0, n, a)
-            wait([self.comm.Ibcast([a, self.mpi_dtype], root=0)], "broadcast of rank 0's " + role)
+            wait([self.comm.Ibcast([a, self.mpi_dtype], root=0)], "broadcast of rank 0's " + role,
+                 self.limit)
             self.exec.write_span(role, 0, n, a)
             self.exec.finish()
 
@@ -290,7 +288,8 @@ class Replicas:
         local = np.empty(b.size, self.np_dtype)
         self.exec.read_span(b.role, b.offset, b.offset + b.size, _shifted(local, b.offset))
         every = np.empty((self.size, b.size), self.np_dtype)
-        wait([self.comm.Iallgather([local, self.mpi_dtype], [every, self.mpi_dtype])], step.name)
+        wait([self.comm.Iallgather([local, self.mpi_dtype], [every, self.mpi_dtype])], step.name,
+             self.limit)
         every = every.astype(np.float64)
         if step.kind == "sum":
             out = every[0].copy()
@@ -399,7 +398,7 @@ class Replicas:
         buf = np.array([loss, 0.0 if math.isfinite(loss) else 1.0])
         reqs = reqs + [self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, self.MPI.DOUBLE],
                                             op=self.MPI.SUM)]
-        wait(reqs, f"step {self.steps + 1}: gradient all-reduce")
+        wait(reqs, f"step {self.steps + 1}: gradient all-reduce", self.limit)
         self.steps += 1
         return float(buf[0]), int(round(buf[1]))
 
@@ -411,7 +410,7 @@ class Replicas:
     def allreduce_sum(self, values):
         buf = np.array(values, np.float64)
         wait([self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, self.MPI.DOUBLE], op=self.MPI.SUM)],
-             "loss all-reduce")
+             "loss all-reduce", self.limit)
         return buf
 
 

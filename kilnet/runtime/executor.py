@@ -14,6 +14,7 @@ from . import extents, submit
 from .extents import SENTINEL
 from .plan_kernel import PlanKernelSubmit, groups_for, options as plan_kernel_options
 from .program import build
+from ..settings import read as read_settings
 
 NP_DTYPE = {"float32": np.float32, "float64": np.float64}
 GUARD = 64      # elements of guard before and after each buffer with debug_buffers (keeps alignment)
@@ -33,8 +34,9 @@ class Executor:
         import pyopencl as cl
         self.cl = cl
         self.plan = plan
-        submit.requested()              # a bad KILNET_ENQUEUE is refused before any device work
-        self.device = devmod.select(device)
+        # What kn.compile read of the environment (a plan made by lower() alone reads it now).
+        self.settings = settings = plan.settings if plan.settings is not None else read_settings()
+        self.device = devmod.select(device, settings)
         self.np_dtype = NP_DTYPE[plan.dtype]
         self.item = np.dtype(self.np_dtype).itemsize
         self._check_device()
@@ -46,11 +48,12 @@ class Executor:
         self._staging = {} if self.device.type & cl.device_type.GPU else None
         self.bound = {}                 # filled below; the submitter reads it at run time
         self.submit = submit.choose(self.device, self.queue, self.bound,
-                                    printf=any("printf" in s for s in plan.sources.values()))
-        # KILNET_PLAN_GROUPS is read (and refused if bad) before any build.
-        groups = groups_for(self.device) if plan.plan_kernel is not None else None
+                                    printf=any("printf" in s for s in plan.sources.values()),
+                                    setting=settings.enqueue)
+        groups = groups_for(self.device, settings.plan_groups) if plan.plan_kernel else None
         programs = {k: build(dc, k, src, plan_kernel_options(self.device) if plan.plan_kernel is not None and
-                             k == plan.plan_kernel.name else ()) for k, src in plan.sources.items()}
+                             k == plan.plan_kernel.name else (), cache_dir=settings.cache,
+                             dump=settings.dump_kernels) for k, src in plan.sources.items()}
         kernels = {launch.name: cl.Kernel(programs[launch.kernel], launch.kernel)
                    for launch in plan.launches}
         self._check_kernels(kernels)

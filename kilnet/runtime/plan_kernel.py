@@ -49,13 +49,12 @@ def options(device):
     return []
 
 
-def groups_for(device):
+def groups_for(device, forced=None):
+    """Work-groups of the plan kernel: ``forced`` (KILNET_PLAN_GROUPS, as the plan's settings
+    read it), else one per compute unit of a GPU, else 1."""
     import pyopencl as cl
-    value = os.environ.get(GROUPS_ENV)
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise CompileError(f"{GROUPS_ENV} must be an int >= 1, got {value!r}")
-        return int(value)
+    if forced:
+        return forced
     return device.max_compute_units if device.type & cl.device_type.GPU else 1
 
 

@@ -7,8 +7,8 @@ from sources, 0.3 s from binaries. Asking PoCL for a program's binary makes it c
 code it has not needed yet (~0.35 s per kernel), so a binary is saved only the second time a
 source is built (the first leaves a marker): a one-off build, such as a test run on a fresh
 machine, pays nothing extra; the second costs that once; later ones load binaries.
-KILNET_CACHE_DIR moves the cache (default: $XDG_CACHE_HOME/kilnet or ~/.cache/kilnet); an
-unreadable entry is rebuilt from source and replaced."""
+KILNET_CACHE_DIR moves the cache (default: $XDG_CACHE_HOME/kilnet or ~/.cache/kilnet; the
+plan's settings say which); an unreadable entry is rebuilt from source and replaced."""
 import hashlib
 import os
 import re
@@ -16,11 +16,6 @@ import tempfile
 import warnings
 
 from ..errors import CompileError
-
-
-def cache_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.environ.get("KILNET_CACHE_DIR") or os.path.join(base, "kilnet")
 
 
 def _key(device, source):
@@ -62,19 +57,21 @@ def _to_disk(cl, program, path):
         pass                       # a cache that cannot be written only costs time
 
 
-def build(device_ctx, kname, source, options=()):
+def build(device_ctx, kname, source, options=(), *, cache_dir, dump=None):
+    """The built program of ``source`` (named ``kname`` in errors and dumps), from this
+    process's programs, else the binary cache in folder ``cache_dir``, else built. ``dump``: a
+    folder to write the source (and the build log) to (KILNET_DUMP_KERNELS)."""
     import pyopencl as cl
     ctx, _queue, cache = device_ctx
     options = list(options)
     key = source if not options else " ".join(options) + "\n" + source
     program = cache.get(key)
     if program is None:
-        dump = os.environ.get("KILNET_DUMP_KERNELS")
         if dump:
             os.makedirs(dump, exist_ok=True)
             with open(os.path.join(dump, f"{kname}.cl"), "w") as f:
                 f.write(source)
-        stem = os.path.join(cache_dir(), _key(ctx.devices[0], key))
+        stem = os.path.join(cache_dir, _key(ctx.devices[0], key))
         path = stem + ".bin"
         program = None if dump else _from_disk(cl, ctx, path)
         if program is None:

@@ -32,9 +32,10 @@ import os
 import weakref
 
 from ..errors import CompileError, DeviceError
+from ..settings import ENQUEUE, enqueue
 
 ENV = "KILNET_ENQUEUE"
-PATHS = ("command_buffer", "ctypes", "pyopencl")
+PATHS = ENQUEUE[1:]          # "auto" aside
 
 # cl_khr_command_buffer enums (Khronos cl_ext.h)
 CL_DEVICE_COMMAND_BUFFER_CAPABILITIES_KHR = 0x12A9
@@ -341,21 +342,19 @@ def _device_bits(lib, device, param):
 
 
 # -- choosing -------------------------------------------------------------------------------------
-def requested(value=None):
-    """``value``, else KILNET_ENQUEUE, else auto; one of auto, command_buffer, ctypes, pyopencl."""
-    v = (os.environ.get(ENV) or "auto") if value is None else value
-    v = str(v).strip().lower().replace("-", "_")
-    if v not in ("auto",) + PATHS:
-        raise CompileError(f"{ENV} must be one of auto, {', '.join(PATHS)}; got {v!r}")
-    return v
+def requested(value=None, setting=None):
+    """``value``, else ``setting`` (KILNET_ENQUEUE as read into the plan's settings), else auto;
+    one of auto, command_buffer, ctypes, pyopencl."""
+    return enqueue(ENV, value if value is not None else (setting or "auto"))
 
 
-def choose(device, queue, bound, printf=False, request=None):
+def choose(device, queue, bound, printf=False, request=None, setting=None):
     """The submitter for an executor on ``device`` whose launches are ``bound`` ({launch name:
-    (kernel, global size, local size)}): ``request``, else KILNET_ENQUEUE, else auto. Its
-    ``why`` says which path runs and why; a forced path the device cannot do is a CompileError.
-    ``printf``: some kernel calls printf (a command buffer needs a capability for that)."""
-    want = requested(request)
+    (kernel, global size, local size)}): ``request``, else ``setting`` (KILNET_ENQUEUE, read
+    into the plan's settings), else auto. Its ``why`` says which path runs and why; a forced
+    path the device cannot do is a CompileError. ``printf``: some kernel calls printf (a
+    command buffer needs a capability for that)."""
+    want = requested(request, setting)
     if want == "auto":
         forced = ""
     else:
