@@ -138,11 +138,13 @@ def mpi_run(cmd, ws):
     blocks = python_blocks()
     upto = next(i for i, (_line, code) in enumerate(blocks) if "mpi4py" in code)
     (ws / "train.py").write_text("\n".join(code for _line, code in blocks[:upto + 1]) +
-                                 "\nprint('rank', comm.rank, 'of', comm.size, 'samples',"
-                                 " history.samples, 'loss', history.losses[-1])\n")
+                                 "\nopen(f'rank{comm.rank}.txt', 'w').write(f'rank {comm.rank} "
+                                 "of {comm.size} samples {history.samples} loss "
+                                 "{history.losses[-1]!r}')\n")
     n = int(re.search(r"-n (\d+)", cmd).group(1))
-    out = sh(cmd.replace("mpiexec", shlex.quote(mpiexec()), 1), ws)
-    ranks = re.findall(r"rank (\d) of (\d) samples (\d+) loss (\S+)", out)
+    sh(cmd.replace("mpiexec", shlex.quote(mpiexec()), 1), ws)
+    out = "\n".join((ws / f"rank{r}.txt").read_text() for r in range(n))   # one file a rank:
+    ranks = re.findall(r"rank (\d) of (\d) samples (\d+) loss (\S+)", out)  # no interleaving
     assert sorted(r[0] for r in ranks) == [str(i) for i in range(n)], out
     assert {r[1] for r in ranks} == {str(n)} and {r[2] for r in ranks} == {str(10 * 64 * n)}, out
     assert len({r[3] for r in ranks}) == 1, f"the ranks' losses differ: {ranks}"
