@@ -77,7 +77,7 @@ def one(index, seed, device, plant=None, dtype="float64"):
         run["path"] = fast._exec.submit.name
         pk = fast.plan.plan_kernel
         run["stages"] = len(pk.stages) if pk else 0
-        run["phases"] = len(pk.phases) if pk else 0
+        run["phases"] = len(pk.members) if pk else 0
         run["launches"] = len(fast.plan.launches)
         plain = Model(fast.plan, fast.device, seed=abs(index))
         if hasattr(plain._exec.submit, "inner"):

@@ -55,7 +55,7 @@ def main():
         pr = max(rel(one.params[k], apart.params[k]) for k in one.params)
         worst = max(worst, lr, pr)
         print(f"{key} b{batch}: {len(one.plan.launches)} launches, "
-              f"{len(one.plan.plan_kernel.phases)} phases ({one._exec.submit.why}); compile "
+              f"{len(one.plan.plan_kernel.members)} phases ({one._exec.submit.why}); compile "
               f"{compile_s:.1f} s; over {a.steps} steps loss rel. diff {lr:.1e}, params {pr:.1e}",
               flush=True)
     print(f"worst relative difference {worst:.1e}")

@@ -92,7 +92,7 @@ def main():
               f"overlap of stages", flush=True)
         print(f"  {'stage ms':>10} {'separate':>9}  launches (work-groups)")
         for t, stage, sep in sorted(rows, key=lambda r: -r[0]):
-            what = ", ".join(f"{n} ({pk.phases[n].groups})" for n in stage)
+            what = ", ".join(f"{n} ({pk.members[n].groups})" for n in stage)
             print(f"  {t:10.4f} {sep:9.4f}  {what}", flush=True)
 
 

@@ -7,11 +7,11 @@ import numbers
 
 from .checkpoint import parse
 from .compiler.lower import check_loss_spec, lower
-from .policy.target import Target, check as check_settings
 from .errors import CheckpointError, CompileError, GraphError, KilnetError
 from .graph import Graph
-from .model import Model
 from .kernels.optimizers import Optimizer
+from .model import Model
+from .policy.target import Target, check as check_settings
 from .runtime import distributed
 from .runtime.device import select as select_device
 from .settings import read as read_settings

@@ -18,11 +18,11 @@ import tempfile
 
 import numpy as np
 
-from .policy import names
 from .errors import CheckpointError, KilnetError
 from .graph import from_dict, to_dict
-from .ops import get_op
 from .kernels.optimizers import from_config
+from .ops import get_op
+from .policy import names
 from .runtime.distributed import bcast_obj, limit_of
 
 NP_DTYPE = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}

@@ -23,12 +23,12 @@ import sys
 
 import kilnet as kn
 
-from .settings import read as read_settings
 from . import export, mql5, tune
 from .errors import KilnetError
 from .inspect import arg_list, kernel_table, memory_table
 from .model import Model
 from .runtime.device import devices, select
+from .settings import read as read_settings
 
 USAGE_ERROR = 2
 

@@ -32,18 +32,18 @@ import tempfile
 
 import numpy as np
 
-from .policy import names
 from .compiler.lower import lower
-from .compiler.render import header
-from .policy.target import Target, vector_bytes_of
+from .compiler.render import header, macros
 from .errors import BundleError
 from .inspect import _fmt_bytes, _table
+from .policy import names
+from .policy.dtypes import CTYPE
+from .policy.target import Target, vector_bytes_of
 
 FORMAT = "kilnet-bundle"
 VERSION = 1
 TARGETS = ("cpu", "gpu")
 DTYPES = {"float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
-CTYPES = {"float32": "float", "float64": "double"}
 MAX_KERNEL_NAME = 127          # MQL5's CLKernelCreate refuses longer names
 STORED = ("param", "state", "moment1", "moment2")   # arenas whose contents a bundle carries
 TRAIN_PHASES = ("forward", "loss", "backward", "update_state", "optimizer")
@@ -89,7 +89,6 @@ def plan_for(model, target=None):
 # typedefs (a line starting at column 0).
 _FILE_SCOPE = re.compile(r"^(?:(?:static\s+)?inline\s+[\w\s\*]*?\b(\w+)\s*\(|"
                          r"typedef\s+[\w\s\*]+?\b(\w+)\s*;)", re.M)
-_DEFINE = re.compile(r"^\s*#define\s+(\w+)", re.M)
 
 
 def _kernel_names(kernels):
@@ -116,7 +115,7 @@ def program(plan, launches):
     for uniqueness is renamed in its declaration only; macros a kernel #defines are #undef'd
     after it; a file-scope helper function or typedef declared identically before (on one line)
     is dropped, declared differently is renamed within that kernel."""
-    head = header(CTYPES[plan.dtype])
+    head = header(CTYPE[plan.dtype])
     used = list(dict.fromkeys(la.kernel for la in launches))
     rename = _kernel_names(used)
     declared = {}                      # file-scope name -> its declaration line
@@ -144,7 +143,7 @@ def program(plan, launches):
         body = "".join(kept)
         for name in clashes:
             body = re.sub(rf"\b{re.escape(name)}\b", f"{name}_{rename[k]}", body)
-        undef = "".join(f"#undef {d}\n" for d in dict.fromkeys(_DEFINE.findall(body)))
+        undef = "".join(f"#undef {d}\n" for d in macros(body))
         parts.append(f"/* ---- kernel {rename[k]} ---- */\n{body}{undef}")
     return "".join(parts), rename
 
@@ -186,7 +185,7 @@ def build(model, target=None, train=False):
     loss = [_region(plan, b) for b in plan.losses] if train else []
     scalars = _scalars(plan, model) if train else None
 
-    roles = {a.value for la in launches for a in la.args if a.access}
+    roles = {a.role for la in launches for a in la.args}
     roles |= {r["arena"] for r in inputs + outputs + targets + loss}
     arenas = [role for role in plan.arenas if role in roles and plan.arenas[role]]
     stored = [r for r in arenas if r in STORED and (train or not r.startswith("moment"))]
@@ -205,12 +204,12 @@ def build(model, target=None, train=False):
     files = {f"{r}.bin": data[r].tobytes() for r in stored}
     files["kernels.cl"] = text.encode()
 
-    def arg(a):
-        if a.access:
-            return {"slot": a.slot, "name": a.name, "kind": "arena", "arena": a.value,
-                    "buffer": a.buffer, "access": a.access}
-        return {"slot": a.slot, "name": a.name, "kind": "scalar", "type": "uint",
-                "value": int(a.value), "buffer": a.buffer}
+    def args(a):
+        """The two slots of a buffer argument (plan.Arg), as plan.json has them."""
+        return [{"slot": a.slot, "name": a.pointer_name, "kind": "arena", "arena": a.role,
+                 "buffer": a.buffer, "access": a.access},
+                {"slot": a.slot + 1, "name": a.offset_name, "kind": "scalar", "type": "uint",
+                 "value": int(a.offset), "buffer": a.buffer}]
 
     index = {i: n for n, i in enumerate(used)}
     doc = {
@@ -228,7 +227,7 @@ def build(model, target=None, train=False):
         "launches": [{"index": index[i], "name": la.name, "phase": la.phase,
                       "kernel": rename[la.kernel], "global_size": list(la.global_size),
                       "local_size": list(la.local_size) if la.local_size else None,
-                      "args": [arg(a) for a in la.args]}
+                      "args": [s for a in la.args for s in args(a)]}
                      for i, la in zip(used, launches)],
         "calls": {c: [index[i] for i in seq] for c, seq in calls.items()},
         "inputs": inputs, "outputs": outputs, "targets": targets,

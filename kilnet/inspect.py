@@ -89,5 +89,5 @@ def _size(shape):
 def arg_list(launch):
     """``0:inp_arena=dense_1 (in), 1:inp_off=0, …``: each slot, the buffer a pointer points
     into and how the kernel uses it, or an offset's value."""
-    return ", ".join(f"{a.slot}:{a.name}=" + (f"{a.buffer} ({a.access})" if a.access else
-                                             f"{a.value}") for a in launch.args)
+    return ", ".join(f"{a.slot}:{a.pointer_name}={a.buffer} ({a.access}), "
+                     f"{a.slot + 1}:{a.offset_name}={a.offset}" for a in launch.args)

@@ -6,11 +6,11 @@ import time
 import numpy as np
 
 from . import checkpoint, diagnose, export as bundle
-from .policy import names
 from .errors import CompileError, FeedError, GraphError, KilnetError, NonFiniteLoss
 from .feeds import as_array, check_feeds, check_targets
 from .inspect import summary as summary_of
 from .ops import get_op
+from .policy import names
 from .runtime import distributed
 from .runtime.executor import Executor
 from .settings import read as read_settings
@@ -318,12 +318,12 @@ class Model:
             if plan.training else set()
         self._infer = [launch for launch in plan.launches if launch.phase == "infer" or
                        (launch.phase == "forward" and launch.node not in moded)]
-        self._eval = plan.phase("forward", "loss")
-        self._grad = plan.phase("forward", "loss", "backward", "gradient")
-        self._train = plan.phase("forward", "loss", "backward", "update_state", "optimizer")
+        self._eval = plan.launches_in("forward", "loss")
+        self._grad = plan.launches_in("forward", "loss", "backward", "gradient")
+        self._train = plan.launches_in("forward", "loss", "backward", "update_state", "optimizer")
         assert self._train[:len(self._eval)] == self._eval     # skip_non_finite relies on it
         # So does data-parallel train_step (whose plans have no "gradient" launches).
-        assert plan.phase("gradient") or self._train[:len(self._grad)] == self._grad
+        assert plan.launches_in("gradient") or self._train[:len(self._grad)] == self._grad
         steps = {"forward": self._infer}
         if plan.training:
             steps.update(evaluate=self._eval, gradients=self._grad)

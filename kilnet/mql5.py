@@ -18,8 +18,8 @@ MQL5 reference pages for every function the generated code calls (signatures che
 import os
 import re
 
-from .errors import BundleError
 from . import export as bundle_mod
+from .errors import BundleError
 
 REFERENCE = {
     "CLContextCreate": "https://www.mql5.com/en/docs/opencl/clcontextcreate",

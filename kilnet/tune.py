@@ -24,12 +24,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .policy import names as bufnames
-from .policy import schedule as sched
 from .compiler.lower import lower
-from .policy.target import Target
 from .errors import CompileError
 from .model import Model
+from .policy import names as bufnames
+from .policy import schedule as sched
+from .policy.target import Target
 from .policy.vectors import pow2_at_least
 from .runtime import timing
 

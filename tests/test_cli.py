@@ -64,7 +64,8 @@ def test_inspect_file_prints_summary_and_every_launch(capsys, spirals_model):
         slots = lines[lines.index(row) + 1]
         assert slots.strip().startswith("args:")
         for a in launch.args:
-            assert f"{a.slot}:{a.name}=" in slots
+            assert f"{a.slot}:{a.pointer_name}={a.buffer} ({a.access})" in slots
+            assert f"{a.slot + 1}:{a.offset_name}={a.offset}" in slots
 
 
 def test_inspect_kernel_prints_that_launchs_source(capsys, spirals_model):

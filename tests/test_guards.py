@@ -29,7 +29,7 @@ def feeds(rng=np.random.default_rng(0)):
 
 def rebind_offset(model, launch_name, arg_name, offset):
     launch = next(k for k in model.kernels if k.name == launch_name)
-    slot = next(a.slot for a in launch.args if a.name == arg_name + "_off")
+    slot = next(a.slot + 1 for a in launch.args if a.name == arg_name)
     model._exec.bound[launch_name][0].set_arg(slot, np.uint32(offset))
 
 
@@ -64,8 +64,8 @@ def scribble(model, buffer, first, count):
     k.set_arg(1, np.uint32(ex._offset(buffer)))
     k.set_arg(2, np.int32(first))
     launch = Launch("scribble.forward", "forward", "scribble", (count,), None,
-                    [Arg(0, "out_arena", buffer, "activation", "activation", "out"),
-                     Arg(1, "out_off", buffer, "activation", 0)], node="scribble")
+                    [Arg(0, "out", buffer, "activation", "out", model.plan.buffers[buffer].size,
+                         0)], node="scribble")
     ex.bound[launch.name] = (k, launch.global_size, launch.local_size)
     ex.run([launch])
 

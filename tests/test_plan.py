@@ -63,18 +63,17 @@ def test_launches_have_names_sizes_and_named_slots(rich):
         assert 1 <= len(g) == len(loc) <= 3, launch
         assert all(isinstance(n, int) and n >= 1 for n in g + loc), launch
         assert all(gi % li == 0 for gi, li in zip(g, loc)), launch
-        # Slots are 0..n-1, each named, and match the kernel's own parameter list.
-        slots = [a.slot for a in launch.args]
+        # Slots are 0..n-1, two per buffer argument (pointer, offset), and match the kernel's
+        # own parameter list.
+        slots = [s for a in launch.args for s in a.slots]
         assert slots == list(range(len(slots))), launch
         params = _signature(rich.source(launch.name), launch.kernel)
-        assert [a.name for a in launch.args] == params, launch
+        assert [n for a in launch.args for n in (a.pointer_name, a.offset_name)] == params, launch
         for a in launch.args:
             assert a.buffer in buffers, (launch.name, a)
             b = buffers[a.buffer]
-            if a.name.endswith("_arena"):
-                assert a.value == b["role"] and arenas[b["role"]] > 0, (launch.name, a)
-            else:
-                assert a.name.endswith("_off") and a.value == b["offset"], (launch.name, a)
+            assert a.role == b["role"] and arenas[b["role"]] > 0, (launch.name, a)
+            assert a.offset == b["offset"], (launch.name, a)
 
 
 def test_source_of_every_launch_and_kernel(rich):
@@ -235,10 +234,9 @@ def test_one_optimizer_launch_updates_every_parameter():
     # A vector per work-item on CPUs, and on GPUs that run a plan kernel.
     per_item = m.plan.target.schedule("vector_map", launch.name).vector
     assert launch.global_size[0] * per_item >= m.plan.arenas["param"]
-    bound = {a.value for a in launch.args if a.name.endswith("_arena")}
+    bound = {a.role for a in launch.args}
     assert {"param", "grad", "moment1"} <= bound
-    assert all(a.value == 0 for a in launch.args
-               if a.name.endswith("_off") and a.name != "step_ok_off")   # the guard's aside
+    assert all(a.offset == 0 for a in launch.args if a.name != "step_ok")   # the guard's aside
     rng = np.random.default_rng(5)
     feeds, targets = rich_feeds(rng)
     before = {k: m.params[k] for k in m.params}
@@ -292,7 +290,7 @@ def test_identical_layers_share_one_kernel():
     assert len(m.plan.sources) < len(m.kernels)
     assert len(set(m.plan.sources.values())) == len(m.plan.sources)    # no source twice
     # Sharing a kernel does not mean sharing data: each launch has its own offsets.
-    offsets = {tuple(a.value for a in m.kernels[i].args if a.name.endswith("_off"))
+    offsets = {tuple(a.offset for a in m.kernels[i].args)
                for i, launch in enumerate(m.kernels) if launch.kernel in fwd}
     assert len(offsets) == 4
 

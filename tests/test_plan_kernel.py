@@ -29,10 +29,10 @@ def test_every_launch_is_a_phase_of_one_work_group_size(name, target):
     plan = plan_of(MODELS[name], target)
     pk = plan.plan_kernel
     assert pk.lanes == target.lanes == 256 and not pk.apart
-    assert list(pk.phases) == [la.name for la in plan.launches]
+    assert list(pk.members) == [la.name for la in plan.launches]
     source = plan.sources[pk.name]
     for launch in plan.launches:
-        p = pk.phases[launch.name]
+        p = pk.members[launch.name]
         assert f"/* {launch.name}: {p.groups} work-groups" in source
         assert f" {launch.kernel}(" in source
         if p.exact:
@@ -81,21 +81,21 @@ def test_stages_keep_every_dependency_and_merge_the_rest(name, training):
                  opt if training else None, target=GPU)
     pk = plan.plan_kernel
     at = {n: s for s, stage in enumerate(pk.stages) for n in stage}
-    assert sorted(at) == sorted(pk.phases)
+    assert sorted(at) == sorted(pk.members)
     launches = plan.launches
     for i, first in enumerate(launches):
         for then in launches[i + 1:]:
             if _depends(plan, first, then):
                 assert at[first.name] < at[then.name], (first.name, then.name)
     if training or name == "series_like":
-        assert len(pk.stages) < len(pk.phases)
+        assert len(pk.stages) < len(pk.members)
     source = plan.sources[pk.name]
     assert source.count("kl_sync(kl_bar") == len(pk.stages)
 
 
 def test_stages_of_one_phase_each_without_merging():
     pk = plan_of(MODELS["gte_like"], replace(GPU, plan_merge=False)).plan_kernel
-    assert pk.stages == [[name] for name in pk.phases]
+    assert pk.stages == [[name] for name in pk.members]
 
 
 def test_launches_of_many_work_groups_run_apart():
@@ -105,7 +105,7 @@ def test_launches_of_many_work_groups_run_apart():
     small = replace(GPU, compute_units=2)
     plan = plan_of(qnet_like, small, batch=64)
     pk = plan.plan_kernel
-    assert pk.apart and set(pk.apart) | set(pk.phases) == {la.name for la in plan.launches}
+    assert pk.apart and set(pk.apart) | set(pk.members) == {la.name for la in plan.launches}
     for la in plan.launches:
         groups = 1
         for g, l in zip(la.global_size, la.local_size or (pk.lanes,)):
@@ -119,7 +119,7 @@ def test_launches_of_many_work_groups_run_apart():
 
 def test_runs_are_bitsets_of_phases():
     pk = plan_of(qnet_like, GPU).plan_kernel
-    names = list(pk.phases)
+    names = list(pk.members)
     assert pk.bits(names[:3]) == [0b111]
     assert pk.bits([names[1]]) == [0b10]
 

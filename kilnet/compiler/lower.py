@@ -10,16 +10,17 @@ import copy
 import dataclasses
 
 from ..errors import CompileError, DeadBranchWarning, GraphError, warn_caller
-from ..ops import get_op
 from ..kernels.base import Collective, Use, inout, kernel, op_kinds, out, spanning
 from ..kernels.losses import ELEMENTWISE, check as check_loss, elementwise_loss, parts
+from ..ops import get_op
 from ..policy import memory, names
-from . import persistent
-from .fusion import fuse_activation_derivatives, grad_writers, root
+from ..policy.dtypes import CTYPE
 from ..policy.plan import Arg, HostStep, Launch, Plan
 from ..policy.schedule import OUTER_UPDATE_ROWS
-from .render import Renderer
 from ..policy.target import GPU
+from . import persistent
+from .fusion import fuse_activation_derivatives, grad_writers, root
+from .render import Renderer
 
 
 # Phases whose launches change the model's state (parameters, moments, statistics): guarded by
@@ -69,6 +70,13 @@ class Context:
     @property
     def dy(self):
         return self._l.grad_buffer(self.node)
+
+    def receive_gradient(self, i, buffer, accumulate):
+        """The lowering's decision for input i: its gradient goes to ``buffer``, added to what an
+        earlier consumer wrote there (``accumulate``) or overwriting it (the first writer)."""
+        if i in self._dx:
+            raise AssertionError(f"{self.node.name}: input {i}'s gradient is decided twice")
+        self._dx[i], self._acc[i] = buffer, accumulate
 
     def dx(self, i):
         return self._dx.get(i)
@@ -202,8 +210,7 @@ class Lowering:
                     raise AssertionError(f"{name}: argument {pname} may touch {use.extent} "
                                          f"elements of {b.name}, which has {b.size}")
                 extent = b.size if use.extent is None else use.extent
-                args.append(Arg(2 * i, f"{pname}_arena", b.name, b.role, b.role, use.access, extent))
-                args.append(Arg(2 * i + 1, f"{pname}_off", b.name, b.role, None))
+                args.append(Arg(2 * i, pname, b.name, b.role, use.access, extent))
             self.launches.append(Launch(name, k_phase, kname, k.global_size, k.local_size, args,
                                         node_name))
 
@@ -245,8 +252,7 @@ class Lowering:
         def contribute(ctx, i, inp):
             if wants[inp.name]:
                 r = root(inp).name
-                ctx._dx[i] = self.grad_buffer(inp)
-                ctx._acc[i] = r in written
+                ctx.receive_gradient(i, self.grad_buffer(inp), r in written)
                 written.add(r)
 
         for out_name, kind in self.loss.items():
@@ -281,6 +287,7 @@ class Lowering:
                 contribute(ctx, i, inp)
             self.choose_outer(node, op, ctx)
             self.emit(node.name, "backward", op.backward(node, ctx))
+            self.check_outer(node)
         if self.optimizer is not None:
             self.step_ok()
         for node in self.graph.nodes:
@@ -303,6 +310,19 @@ class Lowering:
         self.emit("step_ok", "update_state", [kernel(
             "check", "step_ok", dict(sizes=[self.buffers[p].size for p in self.loss_parts]),
             dict(parts, step_ok=out(names.STEP_OK)), (1,), (1,))])
+
+    def check_outer(self, node):
+        """Every launch of ``node`` that writes a gradient the optimizer forms itself (`outer`)
+        must be tagged with ``ctx.gradient_phase``: run in train_step, it would be wasted work,
+        and the gradient buffer it fills would not be what ``gradients()`` reads in order."""
+        for la in self.launches:
+            if la.node == node.name and la.phase != "gradient":
+                for w in la.writes:
+                    if w in self.outer:
+                        raise AssertionError(
+                            f"{la.name} writes {w}, a gradient train_step's optimizer forms "
+                            f"itself (OuterGradient), in phase {la.phase!r}: the op must pass "
+                            f"ctx.gradient_phase({w!r}) as the launch's phase")
 
     def choose_outer(self, node, op, ctx):
         """Which of the node's parameter gradients train_step's optimizer forms itself from the
@@ -394,7 +414,7 @@ def _written_first(launches):
         seen = set()
         for launch in seq:
             for a in launch.args:
-                if a.access and a.buffer not in seen:
+                if a.buffer not in seen:
                     seen.add(a.buffer)
                     first[a.buffer] = first.get(a.buffer, True) and a.access == "out"
     return [name for name, ok in first.items() if ok]
@@ -421,7 +441,7 @@ def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers
 
 
 def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks):
-    ctype = {"float32": "float", "float64": "double"}[dtype]
+    ctype = CTYPE[dtype]
     dead = graph.dead()
     if dead:
         warn_caller(f"graph {graph.name!r}: no output depends on "
@@ -445,9 +465,8 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
         lo.arenas = memory.place(lo.buffers, live)
     for launch in lo.launches:
         for a in launch.args:
-            if not a.access:
-                a.value = lo.buffers[a.buffer].offset
-            elif lo.buffers[a.buffer].offset + a.extent > lo.arenas[a.role]:
+            a.offset = lo.buffers[a.buffer].offset
+            if a.offset + a.extent > lo.arenas[a.role]:
                 raise AssertionError(f"{launch.name}: argument {a.name} declares {a.extent} "
                                      f"elements from {a.buffer} (offset "
                                      f"{lo.buffers[a.buffer].offset}), past the end of the "

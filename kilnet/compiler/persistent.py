@@ -31,10 +31,10 @@ it, for atomic_work_item_fence(..., memory_scope_device) (membar.gl). tests/oclg
 checks the plan kernel against separate launches (under Oclgrind in CI; on an H200, see
 benchmarks/results/nvidia-h200-plan-kernel-2026-11-30.txt: bit for bit over 50 steps).
 """
-import re
 from dataclasses import dataclass, field
 
 from ..policy.vectors import pow2_at_least
+from .render import macros
 
 NAME = "kl_plan"
 # A GPU launch of more work-groups than this many per compute unit runs apart. The plan kernel
@@ -46,7 +46,9 @@ IDS = ("global_id", "local_id", "group_id", "global_size", "local_size", "num_gr
 
 
 @dataclass
-class Phase:
+class Member:
+    """A launch run inside the plan kernel (one of its phases, above): the launch's body as a
+    device function, called for ``groups`` virtual work-groups."""
     launch: str
     kernel: str
     groups: int          # the launch's work-groups (the loop's virtual groups)
@@ -60,21 +62,21 @@ class PlanKernel:
     name: str
     lanes: int                                   # work-items per work-group
     roles: list                                  # arena roles, the kernel's first arguments
-    phases: dict = field(default_factory=dict)   # launch name -> Phase, in plan order
+    members: dict = field(default_factory=dict)  # launch name -> Member, in plan order
     index: dict = field(default_factory=dict)    # launch name -> phase number (its bit in a run)
     apart: dict = field(default_factory=dict)    # launch name -> why it runs as its own launch
     stages: list = field(default_factory=list)   # [[launch name]]: phases run between 2 barriers
 
     def bits(self, names):
         """The bitset (uint32 words) that makes the plan kernel run phases ``names``."""
-        words = [0] * max(1, -(-len(self.phases) // 32))
+        words = [0] * max(1, -(-len(self.members) // 32))
         for name in names:
             i = self.index[name]
             words[i // 32] |= 1 << (i % 32)
         return words
 
     def describe(self):
-        n = len(self.phases)
+        n = len(self.members)
         text = f"plan kernel {self.name}: {n} of {n + len(self.apart)} launches in one launch " \
                f"of work-groups of {self.lanes}, in {len(self.stages)} stages"
         if self.apart:
@@ -98,14 +100,13 @@ def _virtual_local(glob, lanes):
 
 
 def _touches(launch):
-    """(reads, writes) of ``launch``: the arena ranges (role, first, stop) it may touch. A
-    pointer argument is followed by its offset argument (compiler/lower.py)."""
+    """(reads, writes) of ``launch``: the arena ranges (role, first, stop) it may touch."""
     reads, writes = [], []
-    for ptr, off in zip(launch.args[0::2], launch.args[1::2]):
-        span = (ptr.value, off.value, off.value + ptr.extent)
-        if ptr.access in ("in", "inout"):
+    for a in launch.args:
+        span = (a.role, a.offset, a.offset + a.extent)
+        if a.access in ("in", "inout"):
             reads.append(span)
-        if ptr.access in ("out", "inout"):
+        if a.access in ("out", "inout"):
             writes.append(span)
     return reads, writes
 
@@ -136,9 +137,9 @@ def build(launches, spec, header, target):
     rendered = {}
     for launch in launches:
         if launch.kernel not in rendered:
-            rendered[launch.kernel] = spec.phase(launch.kernel)
+            rendered[launch.kernel] = spec.member(launch.kernel)
     lanes = target.lanes       # every launch that needs a work-group was given this one
-    roles = sorted({a.value for launch in launches for a in launch.args if a.access})
+    roles = sorted({a.role for launch in launches for a in launch.args})
     pk = PlanKernel(NAME, lanes, roles)
     for launch in launches:
         glob, group = _dims(launch.global_size), rendered[launch.kernel][1]
@@ -164,10 +165,10 @@ def build(launches, spec, header, target):
             pk.apart[launch.name] = (f"{count} work-groups: a launch of its own runs more of "
                                      f"them at once")
             continue
-        pk.index[launch.name] = len(pk.phases)
-        pk.phases[launch.name] = Phase(launch.name, launch.kernel, count, local, glob, bool(group))
-    pk.stages = stages([la for la in launches if la.name in pk.phases], target.plan_merge)
-    used = {p.kernel for p in pk.phases.values()}
+        pk.index[launch.name] = len(pk.members)
+        pk.members[launch.name] = Member(launch.name, launch.kernel, count, local, glob, bool(group))
+    pk.stages = stages([la for la in launches if la.name in pk.members], target.plan_merge)
+    used = {p.kernel for p in pk.members.values()}
     return pk, _source(pk, launches, {k: v for k, v in rendered.items() if k in used}, header)
 
 
@@ -235,7 +236,7 @@ int kl_sync(volatile __global uint* const bar, const uint groups, const uint mos
 
 
 def _defined(body):
-    return sorted(set(re.findall(r"^\s*#define\s+(\w+)", body, re.M)) - {"get_" + i for i in IDS})
+    return sorted(set(macros(body)) - {"get_" + i for i in IDS})
 
 
 def _source(pk, launches, rendered, header):
@@ -266,7 +267,7 @@ def _source(pk, launches, rendered, header):
         # phase j's end (0 more where this run does not execute phase j).
         ends = [f"kl_e{j}" for j in range(len(stage))]
         for j, name in enumerate(stage):
-            i, p = pk.index[name], pk.phases[name]
+            i, p = pk.index[name], pk.members[name]
             out.append(f"        /* {name}: {p.groups} work-groups of {'×'.join(map(str, p.local))}"
                        f"{'' if p.exact else ' (any size would do)'} */")
             out.append(f"        const uint kl_e{j} = {ends[j - 1] + ' + ' if j else ''}"
@@ -276,9 +277,9 @@ def _source(pk, launches, rendered, header):
         out.append("            kl_started = 1;")
         out.append(f"            for (uint vg = kl_g; vg < {ends[-1]}; vg += kl_n) {{")
         for j, name in enumerate(stage):
-            p, launch = pk.phases[name], by_name[name]
+            p, launch = pk.members[name], by_name[name]
             locs = rendered[p.kernel][2]
-            args = [f"kl_{a.value}" if a.access else f"{a.value}u" for a in launch.args]
+            args = [s for a in launch.args for s in (f"kl_{a.role}", f"{a.offset}u")]
             args += ["&id"] + [f"kl_lm.{p.kernel}.{n}" for _, n, _ in locs]
             active = "1" if p.exact else \
                 f"kl_l < {p.local[0] * p.local[1] * p.local[2]}u && " + \

@@ -26,6 +26,20 @@ _env.globals.update(vector_pieces=vector_pieces, widest_vector=widest_vector)
 PLACEHOLDER = "__KILNET_KERNEL__"
 
 
+_DEFINE = re.compile(r"^\s*#define\s+(\w+)", re.M)
+
+
+def macros(body):
+    """The names a rendered body ``#define``s, in order, each once: the plan kernel and an
+    export bundle ``#undef`` them after the body, so that one body's macros do not reach the
+    next. Each must begin its line (as the preprocessor requires); one that does not would be
+    missed, so it is refused."""
+    names = _DEFINE.findall(body)
+    if len(names) != body.count("#define"):
+        raise AssertionError(f"a #define that does not begin its line in:\n{body}")
+    return list(dict.fromkeys(names))
+
+
 def header(dtype):
     return _env.get_template("common.cl.j2").module.header(dtype).strip() + "\n"
 
@@ -41,12 +55,12 @@ class KernelArg(str):
 
 
 class KernelName(str):
-    """The kernel's name as templates see it; ``phase`` asks ``c.kernel`` for the body as a
-    phase (a device function) of the plan kernel instead of a kernel (compiler/persistent.py)."""
+    """The kernel's name as templates see it; ``member`` asks ``c.kernel`` for the body as a
+    member of the plan kernel (a device function; compiler/persistent.py) instead of a kernel."""
 
-    def __new__(cls, name, phase=False):
+    def __new__(cls, name, member=False):
         kname = super().__new__(cls, name)
-        kname.phase = phase
+        kname.member = member
         kname.group, kname.locals = None, ()
         return kname
 
@@ -58,14 +72,14 @@ class KernelName(str):
         return ""
 
 
-def render(template, consts, names, access, phase=False):
-    return render_declared(template, consts, names, access, phase)[0]
+def render(template, consts, names, access, member=False):
+    return render_declared(template, consts, names, access, member)[0]
 
 
-def render_declared(template, consts, names, access, phase=False):
+def render_declared(template, consts, names, access, member=False):
     """(source, KernelName): the render and what its ``c.kernel`` declared."""
     args = [KernelArg(n, a) for n, a in zip(names, access)]
-    kname = KernelName(PLACEHOLDER, phase)
+    kname = KernelName(PLACEHOLDER, member)
     body = _env.get_template(f"{template}.cl.j2").render(kname=kname, args=args, **consts)
     # Drop the blank lines that Jinja's control blocks leave behind.
     return "\n".join(line for line in body.splitlines() if line.strip()) + "\n", kname
@@ -77,7 +91,7 @@ class Renderer:
     def __init__(self, dtype):
         self.header = header(dtype)
         self.sources = {}          # kernel name -> full program source
-        self.renders = {}          # kernel name -> what it was rendered from (phase_body)
+        self.renders = {}          # kernel name -> what it was rendered from (member)
         self._by_body = {}
 
     def kernel_for(self, launch_name, template, consts, names, access):
@@ -92,9 +106,9 @@ class Renderer:
             self.renders[kname] = (template, consts, names, access)
         return self._by_body[digest]
 
-    def phase(self, kname):
-        """Kernel ``kname`` rendered as a phase of the plan kernel: (a device function of the same
+    def member(self, kname):
+        """Kernel ``kname`` rendered as a member of the plan kernel: (a device function of the same
         name and body, without the header, which the plan kernel has once; the work-group size
         the body requires or None; its local arrays)."""
-        body, declared = render_declared(*self.renders[kname], phase=True)
+        body, declared = render_declared(*self.renders[kname], member=True)
         return body.replace(PLACEHOLDER, kname), declared.group, declared.locals

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..policy import symbolic
 from ..errors import GraphError, ShapeError
 from ..graph import OPS as _REGISTRY, get_op, op_kinds  # noqa: F401  (ops.get_op, ops.op_kinds)
+from ..policy import symbolic
 
 BUILDERS = {}              # public builder name -> function (kilnet.<name>), in registration order
 TEMPLATES = {}             # template name -> Jinja2 source that an op brings itself (Op.templates)

@@ -8,9 +8,9 @@ import dataclasses
 
 from ..policy import symbolic
 from ..policy.schedule import PREFETCH_MIN, cpu_products, kvec_form, large_form
+from ..policy.vectors import round_up
 from . import index
 from .base import kernel, out as written
-from ..policy.vectors import round_up
 from .index import b, k, m, n
 
 GEMV_ROWS = 4              # up to this many rows, a GPU product along k is a reduction per column

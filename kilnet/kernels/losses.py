@@ -1,7 +1,7 @@
 """Losses, each a mean over the batch: mse and huber (δ = 1) average over elements too;
 cross_entropy (on a softmax output, per head) lives with softmax, whose logits it needs."""
-from .base import GraphError, kernel, out as written
 from ..policy.vectors import vector_width
+from .base import GraphError, kernel, out as written
 
 LOSSES = ("mse", "cross_entropy", "huber")
 ELEMENTWISE = ("mse", "huber")   # the others only an op computes (Op.fused_losses)

@@ -1,7 +1,7 @@
 """activation: y = act(x) elementwise, with act and act' printed from sympy."""
-from ..policy import symbolic
 from ..graph import graph_of
 from ..kernels.base import Op, inout, kernel, out, register
+from ..policy import symbolic
 
 
 
@@ -15,7 +15,8 @@ def activation(x, kind, name=None):
 def vector_map(ctx, step, template, n, buffers, exprs, **consts):
     """One kernel of ``template`` over n elements. On CPUs each work-item takes a vector of V
     elements (PoCL's scalar exp/log are several times slower than its vector ones; Intel's
-    runtime ran graph_conv's gates 2.3-3.4x slower one element each); the ragged end is scalar.
+    runtime ran graph_conv's gates 2.3-3.4x slower one element each); the ragged end runs as
+    narrower vectors (common.cl.j2's map).
     ``exprs``: {name: C expression}, each passed as name and, vectorised, as "v" + name."""
     s = ctx.schedule(step, vectors=True)
     for name, e in exprs.items():

@@ -55,9 +55,9 @@ statistics the previous rank's last sample left.
 """
 import math
 
-from ..policy import symbolic
 from ..graph import graph_of
 from ..kernels.base import Collective, GraphError, Op, Param, inout, int_attr, kernel, need, out, register
+from ..policy import symbolic
 
 
 

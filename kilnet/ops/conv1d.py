@@ -7,12 +7,12 @@ plain product followed by a gather over taps: templates/conv1d_gather.cl.j2).
 """
 import sympy as sp
 
-from ..policy import symbolic
 from ..graph import graph_of
 from ..kernels.base import Op, Param, int_attr, keeps_preactivation, kernel, need, register
-from .activation import scale_by_derivative
 from ..kernels.gemm import column_sum, epilogue, gemm
 from ..kernels.index import b, k, m, n
+from ..policy import symbolic
+from .activation import scale_by_derivative
 
 
 def conv1d(x, filters, window, step=1, activation=None, name=None):

@@ -1,9 +1,9 @@
 """dense: y = act(W·flatten(x) + b); weight (units, in), bias (units,) as in torch.nn.Linear."""
-from ..policy import symbolic
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, OuterGradient, Param, int_attr, keeps_preactivation, need, register
-from .activation import scale_by_derivative
 from ..kernels.gemm import linear, linear_backward
+from ..policy import symbolic
+from .activation import scale_by_derivative
 
 
 def dense(x, units, activation=None, bias=True, name=None):

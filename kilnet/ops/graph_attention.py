@@ -47,12 +47,13 @@ import math
 
 import numpy as np
 
-from ..policy.schedule import cpu_products
 from ..graph import graph_of
 from ..kernels.base import Op, Param, inout, int_attr, kernel, need, out, register
-from ..policy.vectors import pow2_at_least, vector_width
 from ..kernels.gemm import gemm, linear, linear_backward, linears
 from ..kernels.index import b, k, m, n
+from ..policy.dtypes import itemsize
+from ..policy.schedule import cpu_products
+from ..policy.vectors import pow2_at_least, vector_width
 
 STAGE_BYTES = 16384        # a head's blocks staged in local memory up to this size (GPUs)
 # A head's V transposed in private memory up to HEAD_BYTES (CPUs): dS without dA in memory. W2 at
@@ -154,7 +155,7 @@ class GraphAttention(Op):
             bits = ", ".join(f"{int(v):#x}u" for v in mask.reshape(-1))
             connected = f"(int)((adj_bits[q * {words} + (k >> 5)] >> (k & 31)) & 1u)"
             vconnected = None
-        item = 8 if ctx.dtype == "double" else 4
+        item = itemsize(ctx.dtype)
         # forward stages Q, K and V; backward V and both sets' dO
         staged = ctx.target.kind == "gpu" and 3 * U * DK * item <= STAGE_BYTES
         return dict(mode=mode, B=B, U=U, H=H, DK=DK, scale=repr(1.0 / math.sqrt(DK)),
@@ -236,7 +237,7 @@ class GraphAttention(Op):
         if self._consts(node, ctx, "backward_scores")["staged"]:
             ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
                                       {"V": s["v"], "P": s["p"], "dO": do, "dS": out(ds)}))
-        elif ctx.target.kind == "cpu" and U * DK * (8 if ctx.dtype == "double" else 4) <= HEAD_BYTES:
+        elif ctx.target.kind == "cpu" and U * DK * itemsize(ctx.dtype) <= HEAD_BYTES:
             ks.append(self._attention(node, ctx, "backward_scores", "backward_heads",
                                       {"V": s["v"], "O": s["o"], "P": s["p"], "dO": do,
                                        "dS": out(ds)}))

@@ -11,11 +11,11 @@ graph_convs of a GTE block are separate nodes with their own parameters. The art
 carry the bias as their last column; here it is a separate vector. Gradients are the exact
 derivatives of the gate product (no clamping of gradients or weights).
 """
-from ..policy import symbolic
 from ..graph import graph_of
 from ..kernels.base import Op, Param, inout, int_attr, need, out, register
-from .activation import vector_map
 from ..kernels.gemm import linear_backward, linears
+from ..policy import symbolic
+from .activation import vector_map
 
 
 

@@ -14,8 +14,8 @@ gradients flow forwards through every layer (the article swaps the layer argumen
 ``calcHiddenGradients`` so its attention path never learns).
 """
 from ..graph import graph_of
-from .add_norm import add_norm
 from ..kernels.base import register
+from .add_norm import add_norm
 from .conv1d import conv1d
 from .graph_attention import graph_attention
 from .graph_conv import graph_conv

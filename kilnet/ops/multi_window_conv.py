@@ -28,12 +28,13 @@ in as constants). Rows are (sample, variable) pairs.
   barriers. When that leaves too few groups for the device, the rows are also split into slices
   whose partial sums a second launch (``backward_params_reduce``) adds in a fixed order.
 """
-from ..policy import symbolic
 from ..graph import graph_of
-from .activation import scale_by_derivative
 from ..kernels.base import (GraphError, Op, Param, int_attr, keeps_preactivation, kernel, need,
                             out, register)
+from ..policy import symbolic
+from ..policy.dtypes import itemsize
 from ..policy.vectors import pow2_at_least, vector_width, widest_vector
+from .activation import scale_by_derivative
 
 KT = 8                # taps per parameter-gradient unit (longer windows are cut into chunks)
 CPU_CHUNK = 4         # positions (forward) or steps (input gradient) per CPU work-item
@@ -180,7 +181,7 @@ class MultiWindowConv(Op):
                                   min_rows=256).split
             glob, local, L = (FB, len(units)), (1, 1, 1), 1
         else:
-            item = 8 if ctx.dtype == "double" else 4
+            item = itemsize(ctx.dtype)
             L = target.lanes or min(256, target.max_work_group, pow2_at_least(J, 256))
             while L > 1 and (KT + 1) * L * item > target.local_mem // 2:
                 L //= 2

@@ -4,17 +4,33 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Arg:
-    slot: int
-    name: str                   # the kernel's parameter name
-    buffer: str                 # plan buffer it points into (None for offsets)
-    role: str
-    value: object               # offset (elements) for offset slots, arena role for pointers
-    access: str = None          # pointers: "in" | "out" | "inout" (kernels.base.Use)
-    extent: int = None          # pointers: elements from the buffer's start the kernel may touch
+    """One buffer argument of a launch. The kernel takes it as two parameters, which
+    templates/common.cl.j2's ``signature`` writes as a pair: a pointer to the arena of ``role``
+    (``<name>_arena``, slot ``slot``) and the buffer's offset in it, in elements
+    (``<name>_off``, slot ``slot + 1``)."""
+    slot: int                   # the pointer's slot; the offset's is slot + 1
+    name: str                   # the kernel's name for the buffer (``{{ a }}`` in a template)
+    buffer: str                 # the plan buffer
+    role: str                   # its arena
+    access: str                 # "in" | "out" | "inout" (kernels.base.Use)
+    extent: int                 # elements from the buffer's start the kernel may touch
+    offset: int = None          # the buffer's offset in its arena, once buffers are placed
+
+    @property
+    def pointer_name(self):
+        return f"{self.name}_arena"
+
+    @property
+    def offset_name(self):
+        return f"{self.name}_off"
+
+    @property
+    def slots(self):
+        return self.slot, self.slot + 1
 
     def __repr__(self):
-        how = f"({self.access})" if self.access else ""
-        return f"{self.slot}:{self.name}={self.value}{how}"
+        return (f"{self.slot}:{self.pointer_name}={self.role}({self.access}), "
+                f"{self.slot + 1}:{self.offset_name}={self.offset}")
 
 
 @dataclass
@@ -29,7 +45,7 @@ class Launch:
 
     @property
     def buffers(self):
-        return {a.name[:-len("_arena")]: a.buffer for a in self.args if a.access}
+        return {a.name: a.buffer for a in self.args}
 
     @property
     def reads(self):
@@ -99,8 +115,9 @@ class Plan:
     # (enqueue, cache, dump, plan-kernel groups, MPI timeout) from here, never the environment.
     settings: object = None
 
-    def phase(self, *names):
-        return [launch for launch in self.launches if launch.phase in names]
+    def launches_in(self, *phases):
+        """The launches whose phase (one of PHASES) is one of ``phases``, in plan order."""
+        return [launch for launch in self.launches if launch.phase in phases]
 
     @property
     def training(self):

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass, fields, replace
 
 from ..errors import CompileError
+from .dtypes import itemsize
 from .vectors import pow2_at_least, pow2_at_most, vector_width
 
 LANES = 64            # work-items per group of a launch with one work-item per element or row
@@ -282,7 +283,7 @@ def gemm_local_bytes(shape, tiles, depth, dtype):
     """Local memory of a GPU gemm group: two stages of rows padded by 4 in the large-tile form,
     one stage padded by 1 in the general one."""
     TM, TN = tiles[:2]
-    item = 8 if dtype == "double" else 4
+    item = itemsize(dtype)
     if large_form(shape, tiles, depth):
         return 2 * depth * (TM + TN + 8) * item
     return depth * (TM + TN + 2) * item

@@ -4,6 +4,7 @@ Each activation is written once, as a function of the pre-activation ``x``; its 
 obtained with ``sympy.diff`` and printed the same way, so the backward code is never hand-kept.
 Adding an activation is one entry in ``ACTIVATIONS``.
 """
+import re
 from functools import lru_cache
 
 import sympy as sp
@@ -98,9 +99,20 @@ def forward_c(kind, var="x"):
     return _print(ACTIVATIONS[check(kind)], var)
 
 
+# A number in printed C: not part of a name, not after another digit or a point.
+_LITERAL = re.compile(r"(?<![\w.])\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
+
+
 def vectorised(expr):
     """A printed expression for V-wide vectors of type ``vec``: every literal is cast to ``vec``,
-    so that a ternary between constants becomes a componentwise select."""
+    so that a ternary between constants becomes a componentwise select. The printer writes every
+    literal ``(real)…``; one that is not would stay a scalar of another type in a vector
+    expression (a double in a float vector), so it is refused here."""
+    bare = [m.group(0) for m in _LITERAL.finditer(expr)
+            if not expr[:m.start()].endswith(("(real)", "(real)-"))]
+    if bare:
+        raise AssertionError(f"symbolic.vectorised: literal(s) {', '.join(bare)} of {expr!r} are "
+                             f"not written (real)...: the printer must cast every literal")
     return expr.replace("(real)", "(vec)")
 
 

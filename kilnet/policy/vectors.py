@@ -1,11 +1,12 @@
 """Vector widths and the powers of two that launch shapes are made of."""
+from .dtypes import itemsize
 
 
 def vector_width(target, dtype):
     """Elements per explicit vector in the CPU forms (PoCL does not vectorise our scalar loops
     well): one register of the device (``target.vector_bytes``); 1 on GPUs, whose lanes are the
     vector."""
-    return target.vector_bytes // (8 if dtype == "double" else 4) if target.kind == "cpu" else 1
+    return target.vector_bytes // itemsize(dtype) if target.kind == "cpu" else 1
 
 
 VECTOR_WIDTHS = (16, 8, 4, 2, 1)      # OpenCL's vector widths (3 aside), widest first

@@ -19,8 +19,8 @@ import warnings
 import numpy as np
 
 from ..errors import CompileError
-from . import icd
 from ..settings import read as read_settings
+from . import icd
 
 # CPU implementations, best first. Measured side by side on a 2-core AMD EPYC (Zen 3), W1-W3 of
 # benchmarks/vs_pytorch.py: Intel's runtime ran every train step faster than PoCL (see

@@ -9,12 +9,12 @@ import threading
 import numpy as np
 
 from ..errors import CompileError, MemoryCheckError
+from ..settings import read as read_settings
 from . import device as devmod
 from . import extents, submit
 from .extents import SENTINEL
 from .plan_kernel import PlanKernelSubmit, groups_for, options as plan_kernel_options
 from .program import build
-from ..settings import read as read_settings
 
 NP_DTYPE = {"float32": np.float32, "float64": np.float64}
 GUARD = 64      # elements of guard before and after each buffer with debug_buffers (keeps alignment)
@@ -61,10 +61,8 @@ class Executor:
         for launch in plan.launches:
             k = kernels[launch.name]
             for a in launch.args:
-                if a.access:
-                    k.set_arg(a.slot, self._mem(a.buffer))
-                else:
-                    k.set_arg(a.slot, np.uint32(self._offset(a.buffer)))
+                k.set_arg(a.slot, self._mem(a.buffer))
+                k.set_arg(a.slot + 1, np.uint32(self._offset(a.buffer)))
             self.bound[launch.name] = (k, launch.global_size, launch.local_size)
         self.plan_kernel_why = plan.plan_kernel_why
         if plan.plan_kernel is not None:

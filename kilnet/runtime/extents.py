@@ -36,7 +36,7 @@ def overlapping(launch, offset_of):
     """Pairs of pointer arguments of ``launch`` whose declared arena ranges overlap where one of
     them is written. ``offset_of(buffer)``: a buffer's offset in its arena."""
     spans = [(a, a.role, offset_of(a.buffer), offset_of(a.buffer) + a.extent)
-             for a in launch.args if a.access]
+             for a in launch.args]
     return [(a.name, b.name) for i, (a, ra, lo, hi) in enumerate(spans)
             for b, rb, lo2, hi2 in spans[i + 1:]
             if ra == rb and lo < hi2 and lo2 < hi and "out" in a.access + b.access]
@@ -54,7 +54,7 @@ def run(ex, launches):
                    for name in pair}
         k, glob, loc = ex.bound[launch.name]
         temps = []
-        for ptr, off in zip(launch.args[0::2], launch.args[1::2]):
+        for ptr in launch.args:
             if ptr.name in aliased:
                 continue
             n = ptr.extent
@@ -70,31 +70,31 @@ def run(ex, launches):
             mem = cl.Buffer(ex.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
                             hostbuf=host)
             k.set_arg(ptr.slot, mem)
-            k.set_arg(off.slot, np.uint32(guard))
-            temps.append((ptr, off, mem, host, data))
+            k.set_arg(ptr.slot + 1, np.uint32(guard))
+            temps.append((ptr, mem, host, data))
         try:
             cl.enqueue_nd_range_kernel(queue, k, glob, loc)
             queue.finish()
             results = []
-            for ptr, off, mem, host, data in temps:
+            for ptr, mem, host, data in temps:
                 after = np.empty_like(host)
                 cl.enqueue_copy(queue, after, mem, is_blocking=True)
                 results.append(after)
-            for (ptr, off, mem, host, data), after in zip(temps, results):
+            for (ptr, mem, host, data), after in zip(temps, results):
                 _check(launch, ptr, guard, sentinel, unwritten, after, data)
-            for (ptr, off, mem, host, data), after in zip(temps, results):
+            for (ptr, mem, host, data), after in zip(temps, results):
                 if ptr.access != "in":
                     cl.enqueue_copy(queue, ex._mem(ptr.buffer), after[guard:guard + ptr.extent],
                                     dst_offset=ex._offset(ptr.buffer) * ex.item,
                                     is_blocking=True)
         finally:
-            for ptr, off, mem, host, data in temps:      # the launch's own arguments again
+            for ptr, mem, host, data in temps:      # the launch's own arguments again
                 k.set_arg(ptr.slot, ex._mem(ptr.buffer))
-                k.set_arg(off.slot, np.uint32(ex._offset(ptr.buffer)))
+                k.set_arg(ptr.slot + 1, np.uint32(ex._offset(ptr.buffer)))
 
 
 def _check(launch, ptr, guard, sentinel, unwritten, after, data):
-    where = f"kernel {launch.kernel} (launch {launch.name}), argument {ptr.name} " \
+    where = f"kernel {launch.kernel} (launch {launch.name}), argument {ptr.pointer_name} " \
             f"({ptr.access}, {ptr.extent} elements of {ptr.buffer})"
     bits = after.view(sentinel.dtype)
     for side, part in (("before", bits[:guard]), ("after", bits[guard + ptr.extent:])):

@@ -75,7 +75,7 @@ class PlanKernelSubmit:
         self.bits = []             # keeps the bitset buffers alive with the kernels using them
         apart = f"; {len(self.pk.apart)} apart" if self.pk.apart else ""
         self.why = (f"plan kernel: {groups} work-group(s) of {self.pk.lanes}, 1 enqueue per run of "
-                    f"its {len(self.pk.phases)} phases in {len(self.pk.stages)} stages{apart}; launches apart and the plan kernel "
+                    f"its {len(self.pk.members)} phases in {len(self.pk.stages)} stages{apart}; launches apart and the plan kernel "
                     f"through {inner.why}")
 
     def run(self, launches):
