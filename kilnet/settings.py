@@ -5,7 +5,7 @@ nothing reads the environment after that, and ``summary()`` and an export bundle
 differ from their defaults. Other entry points (``kilnet devices``, ``kilnet tune``) read them
 where they start."""
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from .errors import CompileError
 
@@ -46,47 +46,38 @@ def enqueue(name, v):
     return _choice(*ENQUEUE)(name, v)
 
 
-# field: (variable, parse, what it does). Unset or empty means the default (None).
-VARIABLES = {
-    "device": ("KILNET_DEVICE", _text, "the device when none is given: intel, pocl, nvidia, gpu, "
-                                       "cpu, P:D or a word of its name"),
-    "target": ("KILNET_TARGET", _choice("cpu", "gpu"), "the kernel form, whatever the device"),
-    "plan_kernel": ("KILNET_PLAN_KERNEL", _choice("0", "1"),
-                    "run launch sequences as one plan kernel (1) or not (0)"),
-    "plan_merge": ("KILNET_PLAN_MERGE", _choice("0", "1"),
-                   "independent phases of a plan kernel share a stage (1, default) or not (0)"),
-    "plan_groups": ("KILNET_PLAN_GROUPS", _count, "work-groups of a plan kernel"),
-    "vector_bytes": ("KILNET_VECTOR_BYTES", _choice("16", "32", "64"),
-                     "the CPU forms' explicit vector, in bytes"),
-    "cpu_products": ("KILNET_CPU_PRODUCTS", _text,     # checked against the table by the target
-                     "the CPU products' blocking of another implementation"),
-    "schedules": ("KILNET_SCHEDULES", _text, "the schedule table (default: the device's, in the "
-                                             "cache folder)"),
-    "enqueue": ("KILNET_ENQUEUE", enqueue, "how launches are submitted: auto, command_buffer, "
-                                            "ctypes, pyopencl"),
-    "dump_kernels": ("KILNET_DUMP_KERNELS", _text, "a folder to write every kernel source built"),
-    "cache_dir": ("KILNET_CACHE_DIR", _text, "the cache folder (default $XDG_CACHE_HOME/kilnet "
-                                             "or ~/.cache/kilnet)"),
-    "mpi_timeout": ("KILNET_MPI_TIMEOUT", _seconds, "seconds a rank waits for the others (0: "
-                                                    "forever; default 600)"),
-}
+def _variable(name, parse, what):
+    """A field of Settings read from environment variable ``name``: None while it is unset or
+    empty, else ``parse(name, text)`` (which refuses a bad value by name)."""
+    return field(default=None, metadata={"variable": name, "parse": parse, "what": what})
 
 
 @dataclass(frozen=True)
 class Settings:
     """The KILNET_* variables as read: None where unset. ``cache`` is the cache folder in force."""
-    device: str = None
-    target: str = None
-    plan_kernel: str = None
-    plan_merge: str = None
-    plan_groups: int = None
-    vector_bytes: str = None
-    cpu_products: str = None
-    schedules: str = None
-    enqueue: str = None
-    dump_kernels: str = None
-    cache_dir: str = None
-    mpi_timeout: float = None
+    device: str = _variable("KILNET_DEVICE", _text, "the device when none is given: intel, pocl, "
+                            "nvidia, gpu, cpu, P:D or a word of its name")
+    target: str = _variable("KILNET_TARGET", _choice("cpu", "gpu"),
+                            "the kernel form, whatever the device")
+    plan_kernel: str = _variable("KILNET_PLAN_KERNEL", _choice("0", "1"),
+                                 "run launch sequences as one plan kernel (1) or not (0)")
+    plan_merge: str = _variable("KILNET_PLAN_MERGE", _choice("0", "1"), "independent phases of "
+                                "a plan kernel share a stage (1, default) or not (0)")
+    plan_groups: int = _variable("KILNET_PLAN_GROUPS", _count, "work-groups of a plan kernel")
+    vector_bytes: str = _variable("KILNET_VECTOR_BYTES", _choice("16", "32", "64"),
+                                  "the CPU forms' explicit vector, in bytes")
+    cpu_products: str = _variable("KILNET_CPU_PRODUCTS", _text,   # the target checks the key
+                                  "the CPU products' blocking of another implementation")
+    schedules: str = _variable("KILNET_SCHEDULES", _text, "the schedule table (default: the "
+                               "device's, in the cache folder)")
+    enqueue: str = _variable("KILNET_ENQUEUE", enqueue, "how launches are submitted: auto, "
+                             "command_buffer, ctypes, pyopencl")
+    dump_kernels: str = _variable("KILNET_DUMP_KERNELS", _text,
+                                  "a folder to write every kernel source built")
+    cache_dir: str = _variable("KILNET_CACHE_DIR", _text, "the cache folder (default "
+                               "$XDG_CACHE_HOME/kilnet or ~/.cache/kilnet)")
+    mpi_timeout: float = _variable("KILNET_MPI_TIMEOUT", _seconds, "seconds a rank waits for "
+                                   "the others (0: forever; default 600)")
     xdg_cache_home: str = None     # not kilnet's: where the default cache folder goes
 
     @property
@@ -96,14 +87,19 @@ class Settings:
 
     def changed(self):
         """{variable: value} of those set, in VARIABLES' order."""
-        return {VARIABLES[f.name][0]: getattr(self, f.name) for f in fields(self)
-                if f.name in VARIABLES and getattr(self, f.name) is not None}
+        return {VARIABLES[key][0]: getattr(self, key) for key in VARIABLES
+                if getattr(self, key) is not None}
 
     def describe(self):
         """One line for ``summary()``."""
         set_ = self.changed()
         return ("settings: " + ", ".join(f"{k}={v}" for k, v in set_.items()) if set_
                 else "settings: every KILNET_* variable at its default")
+
+
+# field: (variable, parse, what it does), for every field read from the environment.
+VARIABLES = {f.name: (f.metadata["variable"], f.metadata["parse"], f.metadata["what"])
+             for f in fields(Settings) if f.metadata}
 
 
 def read(environ=None):

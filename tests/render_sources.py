@@ -17,6 +17,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "examples"), os.path.join(ROOT, "benchm
 import kilnet as kn  # noqa: E402
 from kilnet.compiler.lower import lower  # noqa: E402
 from kilnet.policy.target import Target  # noqa: E402
+from devices_agree import graphs  # noqa: E402  (every example model and W1-W3)
 
 TARGETS = {
     "cpu16": Target("cpu", 8192, 2, 262144, "cpu", "intel", vector_bytes=16),
@@ -25,22 +26,6 @@ TARGETS = {
     "gpu": Target("gpu", 1024, 132, 49152, "gpu", "nvidia"),
     "gpu-plan": Target("gpu", 1024, 132, 49152, "gpu", "nvidia", plan_kernel=True),
 }
-
-
-def graphs():
-    import batchnorm_mlp
-    import distq_learning
-    import forecast
-    import gte_encoder
-    import qnet
-    import two_spirals
-    import vs_pytorch as vs
-    out = {"two_spirals": two_spirals.build_graph(), "qnet": qnet.build_graph(),
-           "distq_learning": distq_learning.build_graph(), "forecast": forecast.build_graph(),
-           "gte_encoder": gte_encoder.build_graph(), "batchnorm_mlp": batchnorm_mlp.build_graph()}
-    for key, (label, build, *_rest) in vs.WORKLOADS.items():
-        out[f"{key}_{label}"] = build()[0]
-    return out
 
 
 def text(plan):
