@@ -26,7 +26,7 @@ from kilnet.model import Model
 from kilnet.compiler import persistent
 from kilnet.runtime import plan_kernel
 from kilnet.runtime.device import select
-from plan_kernel_models import MODELS, qnet_like
+from plan_kernel_models import MODELS, qnet_like, wide_loss
 
 os.environ["KILNET_PLAN_KERNEL"] = "1"
 # Oclgrind has one compute unit, so launches of more than a few work-groups would run apart
@@ -99,6 +99,8 @@ def run():
     # depend on the kernel form in one form only.
     steps, once = (1, os.environ["KILNET_TARGET"] == "gpu") if ORACLE else (5, True)
     for build in MODELS.values():
+        if ORACLE and build is wide_loss and os.environ["KILNET_TARGET"] == "gpu":
+            continue    # a case of the CPU form's loss chunks; its GPU form took 62 s here
         agree(build, 3, steps)
     if not once:
         return
