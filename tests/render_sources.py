@@ -34,6 +34,7 @@ def text(plan):
     lines += [repr(la) + f" phase={la.phase}" for la in plan.launches]
     if plan.plan_kernel is not None:
         lines.append(f"plan kernel: {plan.plan_kernel!r}")
+        lines += [f"--- {plan.plan_kernel.name}", plan.sources[plan.plan_kernel.name]]
     seen = []
     for la in plan.launches:
         if la.kernel not in seen:
