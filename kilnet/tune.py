@@ -13,8 +13,10 @@ of a 95 % interval of the median of the paired time ratios, at least ``MIN_NOISE
 again in a fresh measurement (where the medians of the two times must also agree), so that the
 luckiest of many noisy draws is not kept by chance.
 Winners are merged into the device's table (``schedule.tuned_table_path``: keyed by device and
-driver version) under shape keys (``schedule.shaped_key``), so a later compile on that device
-picks them up; an entry of a launch for which the policy won is removed from the table.
+driver version) under keys of a kernel family at a shape (``schedule.shaped_key``:
+``gemm_vec@float:K=..,M=..``), so a later compile on that device picks them up, for every launch
+of that family and shape whatever it is named; launches of one family and shape are tuned once,
+as one item. An entry for which the policy won is removed from the table.
 """
 import fnmatch
 import math
@@ -323,14 +325,11 @@ class _Session:
                                     for p in only):
                     continue
                 group = _group(seq, req)
-                ident = (req.kind, sched.shaped_key("", req.dtype, req.shape)) + tuple(
-                    (la.kernel, la.global_size, la.local_size) for la in group)
-                key = sched.shaped_key(req.name, req.dtype, req.shape)
-                if ident in items:
-                    items[ident].keys.append(key)
-                    items[ident].launches.append(req.name)
+                key = sched.shaped_key(req.kind, req.dtype, req.shape)   # family at a shape
+                if key in items:
+                    items[key].launches.append(req.name)
                 else:
-                    items[ident] = _Item(req, call, [la.name for la in group], [key], [req.name])
+                    items[key] = _Item(req, call, [la.name for la in group], [key], [req.name])
         if only and not items:
             tunable = sorted({r.name for r in self.requests if candidates_exist(self.base, r)})
             raise CompileError(f"tune: only={','.join(only)!r} matches no tunable launch; "
@@ -436,7 +435,7 @@ class _Session:
 
     def candidate_plan(self, item, entry):
         """The plan with ``entry`` for ``item``'s launch; None when the checks refuse it."""
-        key = sched.shaped_key(item.request.name, item.request.dtype, item.request.shape)
+        key = sched.shaped_key(item.request.kind, item.request.dtype, item.request.shape)
         try:
             return self.lower(replace(self.base, schedules=sched.parse_table({key: entry})))
         except CompileError:

@@ -140,9 +140,9 @@ def test_vs_pytorch_per_kernel_rates_products_in_the_step_and_warm(capsys):
     slow, fast = (2 * 64 * 257 * 301 / ((ms + d) * 1e-3) / 1e9 for d in (5e-4, -5e-4))
     assert slow - 0.05 <= rate <= fast + 0.05, (ms, rate)
     assert float(pcts[0][:-1]) == pytest.approx(rate / 10, abs=0.5)       # of 1000 GFLOP/s
-    # in the step, alone warm, alone cold: percentages (to 0.1 %, so a slow, loaded machine may
-    # print 0.0 % of a 1000 GFLOP/s peak)
-    assert all(re.fullmatch(r"\d+\.\d%", p) for p in pcts), pcts
+    # in the step, alone warm, alone cold: percentages (whole ones, so a slow, loaded machine
+    # may print 0% of a 1000 GFLOP/s peak)
+    assert all(re.fullmatch(r"\d+%", p) for p in pcts), pcts
     assert rows["optimizer.update"][2:6] == ["-", "-", "-", "-"]
 
 

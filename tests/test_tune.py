@@ -32,9 +32,9 @@ def build_model():
 LAUNCH = "dense_1.forward"
 
 
-def build(batch=32):
+def build(batch=32, name=None):
     g = kn.Graph("tunable")
-    h = kn.dense(g.input("x", (384,)), 256, activation="tanh")
+    h = kn.dense(g.input("x", (384,)), 256, activation="tanh", name=name)
     g.output("y", kn.dense(h, 10))
     return kn.compile(g, batch=batch, optimizer=kn.Adam(), loss="mse", seed=1)
 
@@ -84,8 +84,10 @@ def test_tuned_table_is_read_by_a_fresh_compile_and_keeps_results(table, slow_po
     result = tune.tune(before, budget=60, only=LAUNCH)
     [row] = result.rows
     assert row.best == {"block": [4, 4]} and row.speedup > 1 + row.noise, result.report()
-    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "K": 384, "batch": 1,
-                                               "kvec": True})
+    # keyed by kernel family and shape, not by launch name
+    key = sched.shaped_key("gemm_vec", "float", {"M": 32, "N": 256, "K": 384, "batch": 1,
+                                                 "kvec": True})
+    assert key.startswith("gemm_vec@float:")
     assert result.path == str(table) and list(result.entries) == [key]
     assert sched.load_table(str(table))[key] == sched.Schedule(block=(4, 4))
     after = build()                                       # reads the device's table
@@ -98,6 +100,9 @@ def test_tuned_table_is_read_by_a_fresh_compile_and_keeps_results(table, slow_po
     for name in want_g:
         np.testing.assert_allclose(got_g[name], want_g[name], rtol=1e-4, atol=1e-6)
     assert "block 1x1 rows 1 local 1x1x1" in result.report() and "block 4x4" in result.report()
+    renamed = build(name="hidden")                        # the same product under another name
+    la = next(la for la in renamed.kernels if la.name == "hidden.forward")
+    assert (la.local_size, la.global_size) == (launch.local_size, launch.global_size)
 
 
 def test_a_candidate_with_wrong_results_is_rejected(table, slow_policy, monkeypatch):
@@ -320,8 +325,8 @@ def test_an_entry_the_policy_now_beats_is_removed_and_others_kept(table, monkeyp
     work-item, groups of one): the policy wins, so the launch's old entry goes; the rest of the
     table stays."""
     model = build()
-    key = sched.shaped_key(LAUNCH, "float", {"M": 32, "N": 256, "K": 384, "batch": 1,
-                                               "kvec": True})
+    key = sched.shaped_key("gemm_vec", "float", {"M": 32, "N": 256, "K": 384, "batch": 1,
+                                                 "kvec": True})
     table.parent.mkdir(parents=True)
     table.write_text(json.dumps({key: {"block": [1, 1]}, "other.forward": {"local": [8]}}))
     few_candidates(monkeypatch, {"block": [1, 1], "local": [1, 1, 1]})

@@ -4,8 +4,9 @@ override table that may replace parts of it.
 An op states what it launches (a kernel family and the sizes that matter) and asks its target for
 the schedule (``Target.schedule``); it never picks work sizes, tiles, vector widths or k-splits
 itself. The target looks the launch up in its override table, first by launch name and shape
-(``dense_1.forward@float:M=64,N=1000,kvec=1``, ``shaped_key``: what ``kilnet tune`` writes, so
-that one table holds a model's launches at several batches), then by launch name
+(``dense_1.forward@float:M=64,N=1000,kvec=1``, ``shaped_key``), then by family and shape
+(``gemm_vec@float:M=64,N=1000,kvec=1``: what ``kilnet tune`` writes, so that one table holds a
+model's launches at several batches, and a renamed launch keeps its entry), then by launch name
 (``dense_1.forward``), then by family (``gemm``), and fills what the entry leaves out from the
 policy below. Overrides come from a JSON file: the one ``KILNET_SCHEDULES`` names, else
 ``<cache dir>/schedules/<device key>.json`` when it exists (``table_path``)::
@@ -512,7 +513,8 @@ def choose(target, kind, name, dtype="float", **shape):
     for ``kind``) laid over it; an entry that does not fit raises a CompileError naming both."""
     s = base = policy(target, kind, dtype, **shape)
     table = target.schedules or {}
-    key = next((k for k in (shaped_key(name, dtype, shape), name, kind) if k in table), None)
+    keys = (shaped_key(name, dtype, shape), shaped_key(kind, dtype, shape), name, kind)
+    key = next((k for k in keys if k in table), None)
     if key is None:
         return s
     over = table[key]
@@ -589,9 +591,11 @@ def _check(target, kind, name, key, s, dtype, dims, shape):
 
 # -- the override table ------------------------------------------------------------------------
 def shaped_key(name, dtype, shape):
-    """The table key of launch ``name`` at one shape: the sizes its family's policy reads (a
-    model compiled at another batch has other sizes, so another key), e.g.
-    ``dense_1.forward@float:M=64,N=1000,kvec=1``."""
+    """The table key of a launch or kernel family ``name`` at one shape: the sizes the family's
+    policy reads (a model compiled at another batch has other sizes, so another key), e.g.
+    ``gemm_vec@float:K=1216,M=64,N=1000,batch=1,kvec=1``, which ``kilnet tune`` writes (a
+    family at a shape: renaming a launch does not orphan it), or
+    ``dense_1.forward@float:...`` (one launch at that shape, written by hand)."""
     sizes = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in sorted(shape.items()))
     return f"{name}@{dtype}:{sizes}"
 
