@@ -65,7 +65,7 @@ def requests(model):
     rec = tune._Recorder(**{f: getattr(model.plan.target, f)
                             for f in model.plan.target.__dataclass_fields__})
     p = model.plan
-    tune.lower(p.graph, p.batch, p.dtype, p.loss, p.optimizer, p.input_grads, False, rec)
+    tune.relower(p, rec)
     return {r.name: r for r in rec.log if r.kind == "gemm_vec"}
 
 

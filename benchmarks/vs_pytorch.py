@@ -603,7 +603,7 @@ def per_kernel(title, model, feeds, targets, o):
     rec = tune._Recorder(**{f: getattr(model.plan.target, f)
                             for f in model.plan.target.__dataclass_fields__})
     p = model.plan
-    plan = tune.lower(p.graph, p.batch, p.dtype, p.loss, p.optimizer, p.input_grads, False, rec)
+    plan = tune.relower(p, rec)
     requests = {r.name: r for r in rec.log}
     seq = model.steps["train_step"]
     model.train_step(feeds, targets)               # the batch and the step's scalars in place

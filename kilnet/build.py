@@ -51,9 +51,9 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
         if overlap:
             raise CompileError("overlap= needs comm= (a data-parallel model)")
         settings = read_settings()        # the environment, once: the plan records it
-        plan, dev = _plan(graph, batch, optimizer, loss, dtype, device, input_grads,
-                          debug_buffers, check_finite, settings, seed=seed,
-                          check_extents=check_extents)
+        plan, dev = _plan(graph, batch, optimizer, loss, dtype, device=device, settings=settings,
+                          input_grads=input_grads, debug_buffers=debug_buffers,
+                          check_finite=check_finite, check_extents=check_extents, seed=seed)
         return Model(plan, device=dev, seed=seed, poison=poison)
     distributed.check_comm(comm)          # before any collective or device work
     if not (isinstance(overlap, bool) or (isinstance(overlap, numbers.Integral) and overlap > 0)):
@@ -67,9 +67,10 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
         settings = read_settings()
         limit = distributed.limit_of(settings)
         dev = distributed.rank_device(local, device, select_device, settings)
-        plan, dev = _plan(graph, batch, optimizer, loss, dtype, dev, input_grads, debug_buffers,
-                          check_finite, settings, seed=seed, ranks=comm.Get_size(),
-                          check_extents=check_extents)
+        plan, dev = _plan(graph, batch, optimizer, loss, dtype, device=dev, settings=settings,
+                          input_grads=input_grads, debug_buffers=debug_buffers,
+                          check_finite=check_finite, check_extents=check_extents, seed=seed,
+                          ranks=comm.Get_size())
         mine = distributed.fingerprint(plan, overlap)
     except KilnetError as e:
         mine = e
@@ -77,8 +78,8 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
     return Model(plan, device=dev, seed=seed, poison=poison, comm=comm, overlap=overlap)
 
 
-def _plan(graph, batch, optimizer, loss, dtype, device, input_grads, debug_buffers, check_finite,
-          settings, seed=0, ranks=1, check_extents=False):
+def _plan(graph, batch, optimizer, loss, dtype, *, device, settings, input_grads, debug_buffers,
+          check_finite, check_extents, seed, ranks=1):
     """Check the arguments, choose the device, lower: (plan, device). ``settings``: the
     KILNET_* variables as compile read them (kilnet/settings.py), recorded in the plan."""
     if not isinstance(graph, Graph):
@@ -101,8 +102,9 @@ def _plan(graph, batch, optimizer, loss, dtype, device, input_grads, debug_buffe
         raise CompileError("an optimizer needs a loss: pass loss={output: kind}")
     check_settings(settings)
     dev = select_device(device, settings)
-    plan = lower(graph, batch, dtype, loss, optimizer, bool(input_grads), bool(debug_buffers),
-                 Target.of(dev, settings), ranks=ranks, settings=settings)
+    plan = lower(graph, batch, optimizer, loss, dtype, input_grads=bool(input_grads),
+                 debug_buffers=bool(debug_buffers), target=Target.of(dev, settings), ranks=ranks,
+                 settings=settings)
     return dataclasses.replace(plan, check_finite=bool(check_finite),
                                check_extents=bool(check_extents)), dev
 

@@ -32,7 +32,7 @@ import tempfile
 
 import numpy as np
 
-from .compiler.lower import lower
+from .compiler.lower import relower
 from .compiler.render import header, macros
 from .errors import BundleError
 from .inspect import _fmt_bytes, _table
@@ -79,9 +79,7 @@ def plan_for(model, target=None):
     base = plan.target if plan.target is not None else Target(
         kind, d.max_work_group_size, d.max_compute_units, d.local_mem_size, d.name.strip(),
         vector_bytes=vector_bytes_of(d))
-    return lower(model.graph, plan.batch, plan.dtype, plan.loss, plan.optimizer, plan.input_grads,
-                 False, dataclasses.replace(base, kind=kind),
-                 settings=plan.settings)
+    return relower(plan, dataclasses.replace(base, kind=kind))
 
 
 # -- the program: one .cl for every kernel ---------------------------------------------------

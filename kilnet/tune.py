@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .compiler.lower import lower
+from .compiler.lower import relower
 from .errors import CompileError
 from .model import Model
 from .policy import names as bufnames
@@ -302,8 +302,7 @@ class _Session:
 
     def lower(self, target):
         p = self.model.plan
-        return lower(p.graph, p.batch, p.dtype, p.loss, p.optimizer, p.input_grads, False, target,
-                     settings=p.settings)
+        return relower(p, target)
 
     def build(self, plan):
         return Model(plan, device=self.model.device, seed=self.model.seed, poison=True)

@@ -45,7 +45,7 @@ def staged_plan(graph, batch, optimizer, dtype="float64", device=None, loss="mse
     source is left out of what runs (a CPU runtime may not build it)."""
     dev = select(device)
     target = dataclasses.replace(Target.of(dev), plan_kernel=True)
-    plan = lower(graph, batch, dtype, check_loss_spec(graph, loss), optimizer, target=target)
+    plan = lower(graph, batch, optimizer, check_loss_spec(graph, loss), dtype, target=target)
     pk = plan.plan_kernel
     assert pk is not None, plan.plan_kernel_why
     runnable = dataclasses.replace(

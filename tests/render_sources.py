@@ -56,7 +56,7 @@ def plans(names=None, targets=None):
             for mode, batch, opt, lo in (("train-b2", 2, kn.Adam(lr=1e-3), loss),
                                          ("train-b33", 33, kn.SGD(lr=0.1, momentum=0.9), loss),
                                          ("infer-b1", 1, None, {})):
-                plan = lower(g, batch, "float32", lo, opt, False, False, target)
+                plan = lower(g, batch, opt, lo, "float32", target=target)
                 out[(name, tname, mode)] = text(plan)
     return out
 

@@ -28,8 +28,8 @@ def test_every_buffer_argument_is_a_pointer_and_offset_pair_in_the_kernels_signa
         for target in (Target("cpu", implementation="intel"), Target("gpu")):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", kn.DeadBranchWarning)
-                plan = lower_mod.lower(g, 2, "float32", {o: "mse" for o in g.outputs},
-                                       kn.SGD(lr=0.1), target=target)
+                plan = lower_mod.lower(g, 2, kn.SGD(lr=0.1), {o: "mse" for o in g.outputs},
+                                       target=target)
             for la in plan.launches:
                 params = _signature(plan.sources[la.kernel], la.kernel)
                 want = [n for a in la.args for n in (a.pointer_name, a.offset_name)]

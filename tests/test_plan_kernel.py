@@ -18,7 +18,7 @@ CPU = replace(GPU, kind="cpu")
 
 def plan_of(build, target, batch=3, dtype="float32"):
     g, loss, opt, _, _ = build()
-    return lower(g, batch, dtype, check_loss_spec(g, loss), opt, target=target)
+    return lower(g, batch, opt, check_loss_spec(g, loss), dtype, target=target)
 
 
 @pytest.mark.parametrize("target", [CPU, GPU], ids=["cpu", "gpu"])
@@ -77,8 +77,8 @@ def test_stages_keep_every_dependency_and_merge_the_rest(name, training):
     """Phases share a stage only when neither depends on the other, and a phase's stage comes
     after that of every earlier phase it depends on; some stages do hold several phases."""
     g, loss, opt, _, _ = MODELS[name]()
-    plan = lower(g, 3, "float32", check_loss_spec(g, loss) if training else {},
-                 opt if training else None, target=GPU)
+    plan = lower(g, 3, opt if training else None, check_loss_spec(g, loss) if training else {},
+                 target=GPU)
     pk = plan.plan_kernel
     at = {n: s for s, stage in enumerate(pk.stages) for n in stage}
     assert sorted(at) == sorted(pk.members)

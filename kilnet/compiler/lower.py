@@ -427,17 +427,27 @@ def _size(shape):
     return n
 
 
-def lower(graph, batch, dtype, loss, optimizer, input_grads=False, debug_buffers=False,
-          target=GPU, ranks=1, settings=None):
-    """The plan of ``graph``. The plan owns copies of the graph and the optimizer it was made
+def lower(graph, batch, optimizer=None, loss=None, dtype="float32", *, input_grads=False,
+          debug_buffers=False, target=GPU, ranks=1, settings=None):
+    """The plan of ``graph`` (its arguments in ``kn.compile``'s order, the options by name). The plan owns copies of the graph and the optimizer it was made
     from: passes record their decisions in the copy's nodes (``node.meta``), and later edits to
     the user's graph or optimizer object do not reach the plan (the copy refuses edits).
     ``settings``: the KILNET_* variables ``target`` was made under (kilnet/settings.py),
     recorded in the plan for the runtime."""
     graph = graph.copy(owner=f"the plan compiled from graph {graph.name!r}")
     optimizer = copy.deepcopy(optimizer)
-    plan = _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks)
+    plan = _lower(graph, batch, dtype, loss or {}, optimizer, input_grads, debug_buffers, target,
+                  ranks)
     return dataclasses.replace(plan, settings=settings)
+
+
+def relower(plan, target):
+    """``plan``'s graph lowered again as it was compiled (batch, optimizer, loss, dtype, input
+    gradients, ranks, settings) for ``target``, without debug_buffers' per-buffer layout: what
+    tuning and exporting to another kernel form compile."""
+    return lower(plan.graph, plan.batch, plan.optimizer, plan.loss, plan.dtype,
+                 input_grads=plan.input_grads, target=target, ranks=plan.ranks,
+                 settings=plan.settings)
 
 
 def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks):
