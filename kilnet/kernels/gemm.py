@@ -96,19 +96,33 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
                    accumulate=accumulate, bias=bias, bias_period=N, act=act, z=z, dscale=dscale)
 
 
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """What templates/epilogue.cl.j2 does at a product's output (the constant ``ep``): x = the
+    sum (+ bias[...]) is kept in z (``store_z``), then out (=|+=) act(x), or, for an input
+    gradient that applies its layer's derivative, out = x·act'(zin)."""
+    accumulate: bool           # out += instead of out =
+    bias: bool                 # a bias buffer is added
+    store_z: bool              # x is kept in buffer z (the pre-activation)
+    act: str                   # act(x), printed C
+    dact: str = None           # act'(zz), printed C: the derivative of the layer below, or None
+
+    @property
+    def dscale(self):
+        return self.dact is not None
+
+
 def epilogue(consts, buffers, accumulate, bias, act, z, dscale, extent=None):
-    """The constants and buffers that templates/epilogue.cl.j2 reads; ``extent``: the elements
-    of out (and z) from their start that the launch writes (None: all of them)."""
-    consts.update(accumulate=accumulate, bias=bias is not None, store_z=z is not None,
-                  act=symbolic.forward_c(act), dscale=dscale is not None)
+    """The epilogue (``consts["ep"]``) and the buffers templates/epilogue.cl.j2 reads;
+    ``extent``: the elements of out (and z) from their start that the launch writes (None: all
+    of them)."""
+    consts["ep"] = Epilogue(accumulate, bias is not None, z is not None, symbolic.forward_c(act),
+                            None if dscale is None else symbolic.derivative_c(dscale[0], "zz"))
     buffers["out"] = written(buffers["out"], accumulate, extent)
     for name, buf in (("bias", bias), ("z", z and written(z, extent=extent)),
                       ("zin", dscale and dscale[1])):
         if buf is not None:
             buffers[name] = buf
-    consts.pop("dact", None)
-    if dscale is not None:
-        consts["dact"] = symbolic.derivative_c(dscale[0], "zz")
 
 
 def _macros(a_idx, b_idx, c_idx):
