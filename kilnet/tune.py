@@ -65,7 +65,7 @@ class Request:
     """A schedule the lowering asked for: launch name, family, C type, sizes, the answer."""
     name: str
     kind: str
-    dtype: str
+    ctype: str
     shape: dict
     schedule: sched.Schedule
 
@@ -75,9 +75,9 @@ class _Recorder(Target):
     """A target that notes every schedule the lowering asks of it."""
     log: list = field(default_factory=list, hash=False, compare=False, repr=False)
 
-    def schedule(self, kind, name, dtype="float", **shape):
-        s = super().schedule(kind, name, dtype, **shape)
-        self.log.append(Request(name, kind, dtype, dict(shape), s))
+    def schedule(self, kind, name, ctype="float", **shape):
+        s = super().schedule(kind, name, ctype, **shape)
+        self.log.append(Request(name, kind, ctype, dict(shape), s))
         return s
 
 
@@ -324,7 +324,7 @@ class _Session:
                                     for p in only):
                     continue
                 group = _group(seq, req)
-                key = sched.shaped_key(req.kind, req.dtype, req.shape)   # family at a shape
+                key = sched.shaped_key(req.kind, req.ctype, req.shape)   # family at a shape
                 if key in items:
                     items[key].launches.append(req.name)
                 else:
@@ -434,7 +434,7 @@ class _Session:
 
     def candidate_plan(self, item, entry):
         """The plan with ``entry`` for ``item``'s launch; None when the checks refuse it."""
-        key = sched.shaped_key(item.request.kind, item.request.dtype, item.request.shape)
+        key = sched.shaped_key(item.request.kind, item.request.ctype, item.request.shape)
         try:
             return self.lower(replace(self.base, schedules=sched.parse_table({key: entry})))
         except CompileError:

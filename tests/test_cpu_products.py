@@ -17,9 +17,9 @@ from devices_here import CPU_IMPLEMENTATIONS
 
 
 
-def gemm_vec(impl, M, N, kvec, dtype="float", K=1000, batch=1, vector_bytes=32):
+def gemm_vec(impl, M, N, kvec, ctype="float", K=1000, batch=1, vector_bytes=32):
     return Target("cpu", implementation=impl, compute_units=2, vector_bytes=vector_bytes).schedule(
-        "gemm_vec", "p", dtype, M=M, N=N, K=K, batch=batch, kvec=kvec)
+        "gemm_vec", "p", ctype, M=M, N=N, K=K, batch=batch, kvec=kvec)
 
 
 def tabled(tmp_path, table, impl="intel"):

@@ -58,8 +58,8 @@ def slow_policy(monkeypatch):
     """The CPU product's policy becomes a 1×1 register block in groups of one work-item."""
     real = sched.policy
 
-    def slow(target, kind, dtype="float", **shape):
-        s = real(target, kind, dtype, **shape)
+    def slow(target, kind, ctype="float", **shape):
+        s = real(target, kind, ctype, **shape)
         if kind == "gemm_vec":
             return sched.Schedule(block=(1, 1), vector=s.vector, local=(1, 1, 1), rows=1,
                                   depth=s.depth)

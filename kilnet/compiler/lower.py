@@ -33,7 +33,9 @@ class Context:
 
     def __init__(self, lowering, node, training, suffix=""):
         self._l, self.node, self.training, self._suffix = lowering, node, training, suffix
-        self.batch, self.dtype, self.target = lowering.batch, lowering.dtype, lowering.target
+        # ctype: the OpenCL C type ("float" | "double") kernels are rendered with (the plan's
+        # dtype is "float32" | "float64"; policy/dtypes.py)
+        self.batch, self.ctype, self.target = lowering.batch, lowering.ctype, lowering.target
         self.ranks = lowering.ranks          # data-parallel ranks (batch is per rank)
         self._dx, self._acc = {}, {}
 
@@ -42,7 +44,7 @@ class Context:
 
     def schedule(self, step, kind="map", **shape):
         """The target's schedule (policy/schedule.py) of this node's launch ``step``."""
-        return self.target.schedule(kind, f"{self.node.name}.{step}{self._suffix}", self.dtype,
+        return self.target.schedule(kind, f"{self.node.name}.{step}{self._suffix}", self.ctype,
                                     **shape)
 
     @property
@@ -121,16 +123,16 @@ class Context:
 
 
 class Lowering:
-    def __init__(self, graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target,
+    def __init__(self, graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target,
                  ranks=1):
-        self.graph, self.batch, self.dtype, self.target = graph, batch, dtype, target
+        self.graph, self.batch, self.ctype, self.target = graph, batch, ctype, target
         self.ranks = ranks
         self.collectives = []
         self.loss, self.optimizer = loss, optimizer
         self.input_grads, self.debug_buffers = input_grads, debug_buffers
         self.buffers = {}
         self.launches = []
-        self.renderer = Renderer(dtype)
+        self.renderer = Renderer(ctype)
         self.params, self.state = {}, {}
         self._node_params = {}
         self.targets, self.loss_parts, self.input_grad_buffers = {}, [], {}
@@ -274,7 +276,7 @@ class Lowering:
                 self.emit(f"loss.{out_name}", "loss", [elementwise_loss(
                     kind, self.target, batch=self.batch, size=node.size, out=self.value_buffer(node),
                     target=target, loss=loss, dout=ctx.dx(0), accumulate=ctx.acc(0),
-                    dtype=self.dtype)])
+                    ctype=self.ctype)])
             self.loss_parts.append(loss)
             self.targets[out_name] = target
 
@@ -350,7 +352,7 @@ class Lowering:
         scaled = self.ranks > 1
 
         def sched(name):
-            return self.target.schedule("vector_map", name, self.dtype)
+            return self.target.schedule("vector_map", name, self.ctype)
 
         def bufs(param, extent=None):
             """The update's buffers from ``param`` on: that parameter alone, or with ``extent``

@@ -40,8 +40,8 @@ def macros(body):
     return list(dict.fromkeys(names))
 
 
-def header(dtype):
-    return _env.get_template("common.cl.j2").module.header(dtype).strip() + "\n"
+def header(ctype):
+    return _env.get_template("common.cl.j2").module.header(ctype).strip() + "\n"
 
 
 class KernelArg(str):
@@ -88,8 +88,8 @@ def render_declared(template, consts, names, access, member=False):
 class Renderer:
     """Collects renders for one plan: kernel name per launch, source per kernel."""
 
-    def __init__(self, dtype):
-        self.header = header(dtype)
+    def __init__(self, ctype):
+        self.header = header(ctype)
         self.sources = {}          # kernel name -> full program source
         self.renders = {}          # kernel name -> what it was rendered from (member)
         self._by_body = {}

@@ -21,12 +21,12 @@ def parts(size):
 
 
 def elementwise_loss(kind, device, *, batch, size, out, target, loss, dout, accumulate,
-                     dtype="float"):
+                     ctype="float"):
     """Per (sample, chunk) its share of the mean loss, and the gradient of the mean loss with
-    respect to ``out``. ``device``: the compiler's Target; ``dtype``: the C type."""
+    respect to ``out``. ``device``: the compiler's Target; ``ctype``: the C type."""
     L = 1 if device.kind == "cpu" else device.lanes or GPU_LANES
     consts = dict(kind=kind, B=batch, N=size, CH=CHUNK, P=parts(size), L=L, accumulate=accumulate,
-                  input_grad=dout is not None, VW=vector_width(device, dtype) if L == 1 else 1)
+                  input_grad=dout is not None, VW=vector_width(device, ctype) if L == 1 else 1)
     bufs = {"out": out, "target": target, "loss": written(loss)}
     if dout is not None:
         bufs["dout"] = written(dout, accumulate)

@@ -31,7 +31,7 @@ class AddNorm(Op):
         D = node.shape[-1]
         rows = ctx.batch * node.size // D
         consts = dict(mode=mode, D=D, R=rows, eps=repr(EPS), T=1,
-                      VW=vector_width(ctx.target, ctx.dtype), **extra)
+                      VW=vector_width(ctx.target, ctx.ctype), **extra)
         if ctx.target.kind == "gpu" and D > 1:
             # a team of T lanes per row, as many rows per work-group as fit (add_norm.cl.j2)
             L = consts["L"] = ctx.schedule(step, "group", items=rows * D).local[0]

@@ -155,15 +155,15 @@ class GraphAttention(Op):
             bits = ", ".join(f"{int(v):#x}u" for v in mask.reshape(-1))
             connected = f"(int)((adj_bits[q * {words} + (k >> 5)] >> (k & 31)) & 1u)"
             vconnected = None
-        item = itemsize(ctx.dtype)
+        item = itemsize(ctx.ctype)
         # forward stages Q, K and V; backward V and both sets' dO
         staged = ctx.target.kind == "gpu" and 3 * U * DK * item <= STAGE_BYTES
         return dict(mode=mode, B=B, U=U, H=H, DK=DK, scale=repr(1.0 / math.sqrt(DK)),
                     words=words, bits=bits, connected=connected, vconnected=vconnected,
                     staged=staged,
-                    VW=vector_width(ctx.target, ctx.dtype),
+                    VW=vector_width(ctx.target, ctx.ctype),
                     fma=ctx.target.kind == "cpu" and cpu_products(ctx.target).fma,
-                    ivec="long" if ctx.dtype == "double" else "int")
+                    ivec="long" if ctx.ctype == "double" else "int")
 
     def _attention(self, node, ctx, step, mode, buffers):
         consts = self._consts(node, ctx, mode)
@@ -237,7 +237,7 @@ class GraphAttention(Op):
         if self._consts(node, ctx, "backward_scores")["staged"]:
             ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
                                       {"V": s["v"], "P": s["p"], "dO": do, "dS": out(ds)}))
-        elif ctx.target.kind == "cpu" and U * DK * itemsize(ctx.dtype) <= HEAD_BYTES:
+        elif ctx.target.kind == "cpu" and U * DK * itemsize(ctx.ctype) <= HEAD_BYTES:
             ks.append(self._attention(node, ctx, "backward_scores", "backward_heads",
                                       {"V": s["v"], "O": s["o"], "P": s["p"], "dO": do,
                                        "dS": out(ds)}))

@@ -97,9 +97,9 @@ class MultiWindowConv(Op):
         c = dict(mode=mode, form=ctx.target.kind, R=ctx.batch * V, T=T, P=P, O=O, F=F,
                  S=a["step"], wins=wins, WT=toff)
         if c["form"] == "cpu":
-            vmax = vector_width(ctx.target, ctx.dtype)
+            vmax = vector_width(ctx.target, ctx.ctype)
             c["V"] = widest_vector(F, vmax)    # a CPU work-item's filters as one vector
-            c["ctype"] = ctx.dtype
+            c["ctype"] = ctx.ctype
         return c
 
     def _wbufs(self, node, ctx, grads=False):
@@ -181,7 +181,7 @@ class MultiWindowConv(Op):
                                   min_rows=256).split
             glob, local, L = (FB, len(units)), (1, 1, 1), 1
         else:
-            item = itemsize(ctx.dtype)
+            item = itemsize(ctx.ctype)
             L = target.lanes or min(256, target.max_work_group, pow2_at_least(J, 256))
             while L > 1 and (KT + 1) * L * item > target.local_mem // 2:
                 L //= 2

@@ -1,5 +1,5 @@
 """The two element types, by the name a user and a plan give them ("float32", "float64") and the
-OpenCL C type kernels are rendered with ("float", "double": ``Context.dtype`` in the compiler)."""
+OpenCL C type kernels are rendered with ("float", "double": ``Context.ctype`` in the compiler)."""
 CTYPE = {"float32": "float", "float64": "double"}
 
 

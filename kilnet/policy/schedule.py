@@ -280,17 +280,17 @@ def large_form(shape, tiles, depth):
         lanes % depth == 0 and lanes % TM == 0 and lanes % TN == 0
 
 
-def gemm_local_bytes(shape, tiles, depth, dtype):
+def gemm_local_bytes(shape, tiles, depth, ctype):
     """Local memory of a GPU gemm group: two stages of rows padded by 4 in the large-tile form,
     one stage padded by 1 in the general one."""
     TM, TN = tiles[:2]
-    item = itemsize(dtype)
+    item = itemsize(ctype)
     if large_form(shape, tiles, depth):
         return 2 * depth * (TM + TN + 8) * item
     return depth * (TM + TN + 2) * item
 
 
-def gemm_schedule(target, shape, dtype):
+def gemm_schedule(target, shape, ctype):
     """A GPU gemm's tiles, depth and k-split. Products of at least 32×32 whose operands allow it
     take the large-tile form: the biggest tile that, split along k as little as possible, keeps
     the compute units busy through its last round of groups. Measured on an H200 at depth 8
@@ -303,7 +303,7 @@ def gemm_schedule(target, shape, dtype):
     if shape.get("affine") and M >= 32 and N >= 32:
         small = min(M, N) < 64
         fits = [t for t in LARGE_TILES if t[0] <= M and t[1] <= N and (small or t[0] >= 64)
-                and gemm_local_bytes(shape, t, LARGE_TK, dtype) <= target.local_mem
+                and gemm_local_bytes(shape, t, LARGE_TK, ctype) <= target.local_mem
                 and target.lanes in (None, tile_lanes(t))]
         splits = [s for s in (1, 2, 4) if s == 1 or
                   (shape.get("splittable") and K >= s * 8 * LARGE_TK)]
@@ -322,14 +322,14 @@ def gemm_schedule(target, shape, dtype):
         t = to_lanes(t, target.lanes)
         # A tile widened to a plan kernel's lanes may not fit local memory at the usual depth
         # (1×256 in float64 on a 32 KiB device): step through k in thinner slices.
-        while depth > 1 and gemm_local_bytes(shape, t, depth, dtype) > target.local_mem:
+        while depth > 1 and gemm_local_bytes(shape, t, depth, ctype) > target.local_mem:
             depth //= 2
     return Schedule(tiles=t, depth=depth, split=_gemm_split(target, shape, t, depth))
 
 
-def policy(target, kind, dtype="float", **shape):
+def policy(target, kind, ctype="float", **shape):
     """The default schedule of a launch of family ``kind`` (see ``TUNABLE``) on ``target``."""
-    V = vector_width(target, dtype)
+    V = vector_width(target, ctype)
     if kind == "map":            # one work-item per element, row or vector; shape: dims, vectors,
         #                          items (where each item is much work: see HEAVY_GROUPS)
         L = target.lanes or LANES
@@ -352,7 +352,7 @@ def policy(target, kind, dtype="float", **shape):
         return Schedule(local=(target.lanes or LANES,),
                         vector=V)
     if kind == "gemm":           # shape: M, N, K, splittable, affine
-        return gemm_schedule(target, shape, dtype)
+        return gemm_schedule(target, shape, ctype)
     if kind == "gemv":
         L = target.lanes or min(128, pow2_at_least(shape["K"], 128))
         return Schedule(local=(L, 1, 1))
@@ -508,12 +508,12 @@ def _gemm_split(target, shape, t, depth):
     return two_per_unit(target, groups, shape["K"] // (8 * depth))
 
 
-def choose(target, kind, name, dtype="float", **shape):
+def choose(target, kind, name, ctype="float", **shape):
     """The launch's schedule: the policy's, with the override table's entry for ``name`` (or else
     for ``kind``) laid over it; an entry that does not fit raises a CompileError naming both."""
-    s = base = policy(target, kind, dtype, **shape)
+    s = base = policy(target, kind, ctype, **shape)
     table = target.schedules or {}
-    keys = (shaped_key(name, dtype, shape), shaped_key(kind, dtype, shape), name, kind)
+    keys = (shaped_key(name, ctype, shape), shaped_key(kind, ctype, shape), name, kind)
     key = next((k for k in keys if k in table), None)
     if key is None:
         return s
@@ -545,11 +545,11 @@ def choose(target, kind, name, dtype="float", **shape):
     if kind == "gemm" and s.split > 1 and not shape.get("splittable"):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'split' needs "
                            f"a product at batch 1 with one contiguous output")
-    _check(target, kind, name, key, s, dtype, len(base.local or ()), shape)
+    _check(target, kind, name, key, s, ctype, len(base.local or ()), shape)
     return s
 
 
-def _check(target, kind, name, key, s, dtype, dims, shape):
+def _check(target, kind, name, key, s, ctype, dims, shape):
     def bad(field, why):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field {field!r} {why}")
     if s.local is not None:
@@ -583,21 +583,21 @@ def _check(target, kind, name, key, s, dtype, dims, shape):
         if (TM // RM) * (TN // RN) > target.max_work_group:
             bad("tiles", f"{s.tiles} needs {(TM // RM) * (TN // RN)} work-items per group; the "
                          f"device allows {target.max_work_group}")
-        need = gemm_local_bytes(shape, s.tiles, s.depth, dtype)
+        need = gemm_local_bytes(shape, s.tiles, s.depth, ctype)
         if need > target.local_mem:
             bad("tiles", f"{s.tiles} at depth {s.depth} needs {need} bytes of local memory; "
                          f"the device has {target.local_mem}")
 
 
 # -- the override table ------------------------------------------------------------------------
-def shaped_key(name, dtype, shape):
+def shaped_key(name, ctype, shape):
     """The table key of a launch or kernel family ``name`` at one shape: the sizes the family's
     policy reads (a model compiled at another batch has other sizes, so another key), e.g.
     ``gemm_vec@float:K=1216,M=64,N=1000,batch=1,kvec=1``, which ``kilnet tune`` writes (a
     family at a shape: renaming a launch does not orphan it), or
     ``dense_1.forward@float:...`` (one launch at that shape, written by hand)."""
     sizes = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in sorted(shape.items()))
-    return f"{name}@{dtype}:{sizes}"
+    return f"{name}@{ctype}:{sizes}"
 
 
 def device_key(target, driver=True):

@@ -54,10 +54,10 @@ class Target:
         None, and each launch's schedule chooses its own."""
         return min(sched.GROUP_LANES, self.max_work_group) if self.plan_kernel else None
 
-    def schedule(self, kind, name, dtype="float", **shape):
+    def schedule(self, kind, name, ctype="float", **shape):
         """The schedule of launch ``name`` of family ``kind``: the one policy's, overridden by this
         target's table (policy/schedule.py)."""
-        return sched.choose(self, kind, name, dtype, **shape)
+        return sched.choose(self, kind, name, ctype, **shape)
 
     @classmethod
     def of(cls, device, settings=None):

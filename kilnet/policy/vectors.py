@@ -2,11 +2,11 @@
 from .dtypes import itemsize
 
 
-def vector_width(target, dtype):
+def vector_width(target, ctype):
     """Elements per explicit vector in the CPU forms (PoCL does not vectorise our scalar loops
     well): one register of the device (``target.vector_bytes``); 1 on GPUs, whose lanes are the
     vector."""
-    return target.vector_bytes // itemsize(dtype) if target.kind == "cpu" else 1
+    return target.vector_bytes // itemsize(ctype) if target.kind == "cpu" else 1
 
 
 VECTOR_WIDTHS = (16, 8, 4, 2, 1)      # OpenCL's vector widths (3 aside), widest first
