@@ -288,8 +288,9 @@ class Lowering:
             for i, inp in enumerate(node.inputs):
                 contribute(ctx, i, inp)
             self.choose_outer(node, op, ctx)
+            start = len(self.launches)
             self.emit(node.name, "backward", op.backward(node, ctx))
-            self.check_outer(node)
+            self.check_outer(self.launches[start:])
         if self.optimizer is not None:
             self.step_ok()
         for node in self.graph.nodes:
@@ -313,12 +314,13 @@ class Lowering:
             "check", "step_ok", dict(sizes=[self.buffers[p].size for p in self.loss_parts]),
             dict(parts, step_ok=out(names.STEP_OK)), (1,), (1,))])
 
-    def check_outer(self, node):
-        """Every launch of ``node`` that writes a gradient the optimizer forms itself (`outer`)
-        must be tagged with ``ctx.gradient_phase``: run in train_step, it would be wasted work,
-        and the gradient buffer it fills would not be what ``gradients()`` reads in order."""
-        for la in self.launches:
-            if la.node == node.name and la.phase != "gradient":
+    def check_outer(self, launches):
+        """Every one of a node's backward ``launches`` that writes a gradient the optimizer forms
+        itself (`outer`) must be tagged with ``ctx.gradient_phase``: run in train_step, it would
+        be wasted work, and the gradient buffer it fills would not be what ``gradients()`` reads
+        in order."""
+        for la in launches:
+            if la.phase != "gradient":
                 for w in la.writes:
                     if w in self.outer:
                         raise AssertionError(
@@ -431,8 +433,8 @@ def _size(shape):
 
 def lower(graph, batch, optimizer=None, loss=None, dtype="float32", *, input_grads=False,
           debug_buffers=False, target=GPU, ranks=1, settings=None):
-    """The plan of ``graph`` (its arguments in ``kn.compile``'s order, the options by name). The plan owns copies of the graph and the optimizer it was made
-    from: passes record their decisions in the copy's nodes (``node.meta``), and later edits to
+    """The plan of ``graph`` (its arguments in ``kn.compile``'s order, the options by name).
+    The plan owns copies of the graph and the optimizer it was made from: passes record their decisions in the copy's nodes (``node.meta``), and later edits to
     the user's graph or optimizer object do not reach the plan (the copy refuses edits).
     ``settings``: the KILNET_* variables ``target`` was made under (kilnet/settings.py),
     recorded in the plan for the runtime."""
@@ -480,8 +482,8 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
             a.offset = lo.buffers[a.buffer].offset
             if a.offset + a.extent > lo.arenas[a.role]:
                 raise AssertionError(f"{launch.name}: argument {a.name} declares {a.extent} "
-                                     f"elements from {a.buffer} (offset "
-                                     f"{lo.buffers[a.buffer].offset}), past the end of the "
+                                     f"elements from {a.buffer} (offset {a.offset}), past the "
+                                     f"end of the "
                                      f"{a.role} arena ({lo.arenas[a.role]})")
     for role, size in lo.arenas.items():
         if size >= 2 ** 32:   # kernels take 32-bit offsets

@@ -48,7 +48,8 @@ def limit_of(settings):
 
 def wait(reqs, what, limit=DEFAULT_TIMEOUT_S):
     """Wait for the MPI requests ``reqs``; after ``limit`` seconds (None: forever; the
-    settings' KILNET_MPI_TIMEOUT, ``limit_of``) raise RankTimeout naming ``what``. A process that is killed or crashes is ended by mpiexec (MPICH aborts the
+    settings' KILNET_MPI_TIMEOUT, ``limit_of``) raise RankTimeout naming ``what``. A process
+    that is killed or crashes is ended by mpiexec (MPICH aborts the
     job when a rank dies without MPI_Finalize) and an uncaught exception aborts through
     ``abort_on_uncaught_exception``; this bound covers a rank that leaves cleanly or hangs."""
     MPI = mpi()

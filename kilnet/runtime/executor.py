@@ -9,7 +9,6 @@ import threading
 import numpy as np
 
 from ..errors import CompileError, MemoryCheckError
-from ..settings import read as read_settings
 from . import device as devmod
 from . import extents, submit
 from .extents import SENTINEL
@@ -34,8 +33,9 @@ class Executor:
         import pyopencl as cl
         self.cl = cl
         self.plan = plan
-        # What kn.compile read of the environment (a plan made by lower() alone reads it now).
-        self.settings = settings = plan.settings if plan.settings is not None else read_settings()
+        # What kn.compile read of the environment (Model gives a plan made by lower() alone the
+        # environment's settings as it is built)
+        self.settings = settings = plan.settings
         self.device = devmod.select(device, settings)
         self.np_dtype = NP_DTYPE[plan.dtype]
         self.item = np.dtype(self.np_dtype).itemsize
