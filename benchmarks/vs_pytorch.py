@@ -20,10 +20,28 @@ Workloads (float32; training = forward + loss + backward + Adam step):
 
 Both sides start from the same parameters (PyTorch's are copied from kilnet's) and the table's
 ``loss`` column checks that they compute the same thing: the relative difference of the first
-step's losses. Every train step of both sides starts from a host (numpy) batch, uploads it,
-steps and reads the loss back, so each timed call is complete. The sides alternate call by call
-after warm-up; the table gives the median over ``--steps`` calls. PyTorch runs eager with fused
-Adam, and on CUDA also as a CUDA graph (capturable Adam) replayed per step, with TF32 off.
+step's losses.
+
+The rules (issue 33), which both sides follow:
+- Data as users hold it for training: float32 numpy arrays, made before any timing. No dtype
+  conversion inside a timed call on either side.
+- PyTorch at its best: ``cudnn.benchmark = True``, TF32 off (float32 matmul precision
+  "highest"), fused Adam; on CUDA the whole step captured as a CUDA graph with capturable Adam
+  (``graph_ms``); eager (``torch_ms``) copies its batch from pinned host memory, non-blocking.
+- Two regimes, both timed for every train row:
+  - per step (``kilnet_ms``, ``torch_ms``, ``graph_ms``): each call takes a new host batch,
+    steps, and returns its loss (kilnet: ``model.train_step``; the CUDA graph copies the batch
+    from pinned host memory with ``non_blocking=True`` inside the graph, then ``.item()``);
+  - resident (``res_ms``, ``res_graph_ms``): the dataset (``RESIDENT_BATCHES`` batches) lives on
+    the device, batches are chosen there from an order reshuffled each pass, and the losses are
+    read once per call of ``--resident-steps`` steps (kilnet: ``model.upload`` once, then
+    ``model.train_steps(data, n)``; PyTorch: n replays of a CUDA graph that gathers its batch
+    from the device-resident tensors by a step counter it advances itself and stores its loss
+    in a device history, then one read). Times are per step.
+- Side by side in one run: the sides take turns in blocks of 10 calls (each block opened by
+  untimed calls); a time is the median over every timed call, and ``graph_range`` gives the
+  lowest and highest ratio to the CUDA graph over the rounds of blocks (each round's ratio of
+  block medians): the noise of that ratio within this run.
 
 ``--torch-compile`` adds PyTorch compiled: ``torch.compile`` (default mode) of the model's
 forward and loss, backward through its AOTAutograd graph and the same fused Adam, on its own copy
@@ -59,6 +77,7 @@ import argparse
 import collections
 import contextlib
 import datetime
+import json
 import os
 import platform
 import re
@@ -115,6 +134,11 @@ def w1_torch_params(kp):
     # kilnet conv1d weights are (filters, window, channels); PyTorch's (filters, channels, window)
     return {k: v.transpose(0, 2, 1) if k.startswith("conv") and k.endswith("weight") else v
             for k, v in kp.items()}
+
+
+def float32(data):
+    """The workload's batch as users hold it for training: float32 arrays (made before timing)."""
+    return [{k: np.asarray(v, np.float32) for k, v in d.items()} for d in data]
 
 
 def w1_data(rng, b):
@@ -239,7 +263,8 @@ def cuda_graph(torch, step, before=lambda: None):
 
 
 class TorchSide:
-    """One workload in PyTorch: eager with fused Adam, and (CUDA) a captured CUDA graph."""
+    """One workload in PyTorch: eager with fused Adam, and (CUDA) captured CUDA graphs of the
+    whole step: per step from pinned host memory, and resident over device tensors."""
 
     def __init__(self, torch, dev, fwd_factory, params, state_names, compiled=False):
         import torch.nn.functional as F
@@ -253,13 +278,45 @@ class TorchSide:
         betas = (ADAM["b1"], ADAM["b2"])
         self.opt = torch.optim.Adam(trainable, lr=ADAM["lr"], betas=betas, eps=ADAM["eps"],
                                     fused=True)
+        self.pinned = {}
         self.graph = None
 
     def sync(self):
         sync(self.torch, self.dev)
 
+    def _capturable_adam(self):
+        return self.torch.optim.Adam(list(self.opt.param_groups[0]["params"]), lr=ADAM["lr"],
+                                     betas=(ADAM["b1"], ADAM["b2"]), eps=ADAM["eps"], fused=True,
+                                     capturable=True)
+
+    def stage(self, arrays, key="eager"):
+        """Host tensors holding ``arrays`` (float32 already: a copy, no conversion): on CUDA
+        pinned buffers kept per ``key``, which the device reads by DMA; on the CPU the arrays
+        themselves."""
+        if self.dev == "cpu":
+            return [self.torch.from_numpy(a) for a in arrays]
+        bufs = self.pinned.get(key)
+        if bufs is None:
+            bufs = self.pinned[key] = [self.torch.empty(a.shape, dtype=self.torch.float32,
+                                                        pin_memory=True) for a in arrays]
+        for buf, a in zip(bufs, arrays):
+            np.copyto(buf.numpy(), a, casting="no")
+        return bufs
+
+    @staticmethod
+    def stage_like(torch, dev, a):
+        """A function copying an array shaped like ``a`` into one host tensor (pinned on CUDA)."""
+        if dev == "cpu":
+            return torch.from_numpy
+        buf = torch.empty(a.shape, dtype=torch.float32, pin_memory=True)
+
+        def stage(x):
+            np.copyto(buf.numpy(), x, casting="no")
+            return buf
+        return stage
+
     def _up(self, arrays):
-        return [self.torch.from_numpy(np.asarray(a, np.float32)).to(self.dev) for a in arrays]
+        return [h.to(self.dev, non_blocking=True) for h in self.stage(arrays)]
 
     def eager_enqueue(self, x, t):
         x, t = self._up((x, t))
@@ -273,15 +330,17 @@ class TorchSide:
         return self.eager_enqueue(x, t).item()
 
     def capture(self, x, t):
-        """A CUDA graph of the whole step; a second parameter set so eager's is unaffected."""
+        """The per-step CUDA graph: copy the batch from pinned host buffers (non-blocking, inside
+        the graph), forward, backward, capturable fused Adam."""
         torch = self.torch
-        self.sx, self.st = self._up((x, t))
-        opt = torch.optim.Adam(list(self.opt.param_groups[0]["params"]), lr=ADAM["lr"],
-                               betas=(ADAM["b1"], ADAM["b2"]), eps=ADAM["eps"], fused=True,
-                               capturable=True)
+        px, pt = self.stage((x, t), "graph")
+        sx, st = (torch.empty(a.shape, dtype=torch.float32, device=self.dev) for a in (x, t))
+        opt = self._capturable_adam()
 
         def step():
-            loss = self.fwd(self.sx, self.st)
+            sx.copy_(px, non_blocking=True)
+            st.copy_(pt, non_blocking=True)
+            loss = self.fwd(sx, st)
             loss.backward()
             opt.step()
             return loss
@@ -289,10 +348,70 @@ class TorchSide:
                                             before=lambda: opt.zero_grad(set_to_none=True))
 
     def graph_step(self, x, t):
-        self.sx.copy_(self.torch.from_numpy(np.asarray(x, np.float32)))
-        self.st.copy_(self.torch.from_numpy(np.asarray(t, np.float32)))
+        self.stage((x, t), "graph")
         self.graph.replay()
         return self.sloss.item()
+
+    def hold(self, X, T, batch, steps):
+        """The dataset for the resident regime, on the device (on the CPU: in memory)."""
+        self.rX, self.rT = self.torch.from_numpy(X).to(self.dev), self.torch.from_numpy(T).to(self.dev)
+        self.r_batch, self.r_steps = batch, steps
+
+    def capture_resident(self, X, T, batch, steps):
+        """The resident CUDA graph: X, T (all samples) on the device; each replay takes the
+        batch at its step counter's row of the order, steps, stores its loss in a device history
+        and advances the counter. ``resident_run`` reshuffles, replays ``steps`` times, reads."""
+        torch, dev = self.torch, self.dev
+        self.hold(X, T, batch, steps)
+        self.r_order = torch.zeros(steps * batch, dtype=torch.int64, device=dev)
+        self.r_hist = torch.zeros(steps, dtype=torch.float32, device=dev)
+        self.r_at = torch.zeros(1, dtype=torch.int64, device=dev)
+        lanes = torch.arange(batch, device=dev)
+        self.r_pass, self.r_next = None, 0
+        opt = self._capturable_adam()
+
+        def step():
+            idx = self.r_order.index_select(0, self.r_at * batch + lanes)
+            loss = self.fwd(self.rX.index_select(0, idx), self.rT.index_select(0, idx))
+            loss.backward()
+            opt.step()
+            self.r_hist.index_copy_(0, self.r_at, loss.detach().view(1))
+            self.r_at += 1
+            return loss
+        self.r_graph, _ = cuda_graph(torch, step, before=lambda: (
+            opt.zero_grad(set_to_none=True), self.r_at.zero_()))
+
+    def resident_run(self):
+        """``steps`` replays on batches of passes reshuffled on the device (the remainder of a
+        pass left out, as kilnet's), then one read of the losses."""
+        torch, n, B = self.torch, self.r_steps, self.r_batch
+        per = len(self.rX) // B
+        rows = []
+        while len(rows) < n:
+            if self.r_pass is None or self.r_next == per:
+                self.r_pass = torch.randperm(len(self.rX), device=self.dev)[:per * B].view(per, B)
+                self.r_next = 0
+            take = min(per - self.r_next, n - len(rows))
+            rows.extend(self.r_pass[self.r_next:self.r_next + take])
+            self.r_next += take
+        self.r_order.copy_(torch.stack(rows).view(-1))
+        self.r_at.zero_()
+        for _ in range(n):
+            self.r_graph.replay()
+        return self.r_hist.cpu().numpy()
+
+    def eager_resident_run(self):
+        """CPU: the same over in-memory tensors, eager (no CUDA graph on a CPU)."""
+        torch, n, B = self.torch, self.r_steps, self.r_batch
+        hist = torch.zeros(n)
+        for i in range(n):
+            idx = torch.randint(len(self.rX), (B,))
+            self.opt.zero_grad(set_to_none=True)
+            loss = self.fwd(self.rX.index_select(0, idx), self.rT.index_select(0, idx))
+            loss.backward()
+            self.opt.step()
+            hist[i] = loss.detach()
+        return hist.numpy()
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -322,14 +441,31 @@ def alternate(fns, steps, warmup, block=10):
         for f in fns:
             f()
     times = [[] for _ in fns]
+    ROUNDS.clear()
     while len(times[0]) < steps:
+        medians = []
         for f, ts in zip(fns, times):
             settle(f)
+            t_block = []
             for _ in range(min(block, steps - len(ts))):
                 t0 = time.perf_counter()
                 f()
-                ts.append(time.perf_counter() - t0)
+                t_block.append(time.perf_counter() - t0)
+            ts.extend(t_block)
+            medians.append(median_ms(t_block))
+        ROUNDS.append(medians)
     return [median_ms(ts) for ts in times]
+
+
+# The last ``alternate``'s block medians: a row per round of blocks, a column per fn.
+ROUNDS = []
+
+
+def ratio_range(num, den):
+    """(lowest, highest) over the last alternate's rounds of block median ``num`` / ``den``
+    (column indices)."""
+    r = [row[num] / row[den] for row in ROUNDS]
+    return (min(r), max(r)) if r else None
 
 
 def settle(f):
@@ -357,7 +493,7 @@ def kilnet_enqueue_step(model, feeds, targets):
     from kilnet.policy import names
     _, arrays = model._feeds(feeds)
     model._upload(arrays, model._targets(targets))
-    model._exec.write(names.SCALARS, np.array(model.optimizer.scalars(model.step + 1) + [0.0]))
+    model._exec.write(names.SCALARS, model._scalars(model.step + 1))
     model._exec.run(model._train)
     model.step += 1
 
@@ -409,6 +545,7 @@ class Options:
     def __init__(self, a, torch, dev, peaks):
         self.device, self.torch, self.dev, self.peaks = a.device, torch, dev, peaks
         self.steps, self.warmup = a.steps, a.warmup
+        self.resident_steps = a.resident_steps
         self.torch_compile = a.torch_compile and torch is not None
         self.table = a.table
         self.plan_kernel = a.plan_kernel
@@ -482,6 +619,9 @@ def compiled_side(o, make, row):
         return None
 
 
+RESIDENT_BATCHES = 16       # the resident regime's dataset: this many batches of samples
+
+
 def run_workload(key, batch, o):
     torch, dev = o.torch, o.dev
     label, build, tfwd, tparams, data = WORKLOADS[key]
@@ -489,15 +629,22 @@ def run_workload(key, batch, o):
     models = kilnet_models(o, "train", batch, g, optimizer=kn.Adam(**ADAM), loss=loss)
     model = models[0]
     rng = np.random.default_rng(1)
-    feeds, targets = data(rng, batch)
+    feeds, targets = float32(data(rng, batch))
     (xn,), (tn,) = feeds.values(), targets.values()
+    # the resident regime's dataset, float32 too; kilnet's copy is uploaded once, here
+    r_feeds, r_targets = float32(data(np.random.default_rng(3), batch * RESIDENT_BATCHES))
+    (rX,), (rT,) = r_feeds.values(), r_targets.values()
+    n = o.resident_steps
+    resident = model.upload(r_feeds, r_targets)
     row = {"workload": f"{key} {label}", "batch": batch, "what": "train",
            "launches": len(model.steps["train_step"])}
     nparams = sum(np.size(v) for k, v in model.params.items() if not k.endswith(
         ("running_mean", "running_var")))
     fns = [lambda m=m: m.train_step(feeds, targets) for m in models]
-    ts = None
     cols = ["kilnet_ms", "plan_ms" if o.plan_kernel else "tuned_ms"][:len(models)]
+    fns.append(lambda: model.train_steps(resident, n))
+    cols.append("res_ms")
+    ts = None
     if torch is not None:
         state = {k for k in model.params if k.endswith(("running_mean", "running_var"))}
         params = tparams(dict(model.params.items()))
@@ -511,6 +658,13 @@ def run_workload(key, batch, o):
             ts.capture(xn, tn)
             fns.append(lambda: ts.graph_step(xn, tn))
             cols.append("graph_ms")
+            ts.capture_resident(rX, rT, batch, n)
+            fns.append(ts.resident_run)
+            cols.append("res_graph_ms")
+        else:
+            ts.hold(rX, rT, batch, n)
+            fns.append(ts.eager_resident_run)
+            cols.append("res_torch_ms")
         if o.torch_compile:
             fn = compiled_side(o, lambda: (lambda side: lambda: side.eager_step(xn, tn))(
                 TorchSide(torch, dev, tfwd, params, state, compiled=True)), row)
@@ -518,7 +672,14 @@ def run_workload(key, batch, o):
                 fns.append(fn)
                 cols.append("compiled_ms")
     times = alternate(fns, o.steps, o.warmup)
+    for c in ("res_ms", "res_graph_ms", "res_torch_ms"):       # per step
+        if c in cols:
+            times[cols.index(c)] /= n
     row.update(zip(cols, times))
+    for name, num, den in (("graph_range", "graph_ms", cols[0]),
+                           ("res_range", "res_graph_ms", "res_ms")):
+        if num in cols:
+            row[name] = ratio_range(cols.index(num), cols.index(den))
     row["kilnet_host_ms"] = host_ms(lambda: kilnet_enqueue_step(model, feeds, targets),
                                     model._exec.finish, max(5, o.steps // 4))
     if o.plan_kernel:
@@ -655,16 +816,26 @@ def per_kernel(title, model, feeds, targets, o):
 
 
 def forward_graph(torch, fwd, xn, dev):
-    """The forward pass captured as a CUDA graph: each call copies the input in, replays, and
-    copies the output out (as the eager side and kilnet's forward do)."""
-    sx = torch.from_numpy(np.asarray(xn, np.float32)).to(dev)
+    """The forward pass captured as a CUDA graph: each call copies the input into a pinned host
+    buffer, replays (the graph copies it in, non-blocking, and the output out to pinned memory)
+    and waits, as kilnet's forward does."""
+    px = torch.empty(xn.shape, dtype=torch.float32, pin_memory=True)
+    sx = torch.empty(xn.shape, dtype=torch.float32, device=dev)
     with torch.no_grad():
-        graph, sy = cuda_graph(torch, lambda: fwd(sx))
+        y = fwd(sx)
+    py = torch.empty(y.shape, dtype=torch.float32, pin_memory=True)
+
+    def step():
+        sx.copy_(px, non_blocking=True)
+        py.copy_(fwd(sx), non_blocking=True)
+    with torch.no_grad():
+        graph, _ = cuda_graph(torch, step)
 
     def run():
-        sx.copy_(torch.from_numpy(np.asarray(xn, np.float32)))
+        np.copyto(px.numpy(), xn, casting="no")
         graph.replay()
-        return sy.cpu()
+        torch.cuda.current_stream().synchronize()
+        return py.numpy().copy()
     return run
 
 
@@ -674,7 +845,7 @@ def run_forward(key, o):
     g, _loss, macs = build()
     models = kilnet_models(o, "forward", 1, g)
     model = models[0]
-    feeds, targets = data(np.random.default_rng(2), 1)
+    feeds, targets = float32(data(np.random.default_rng(2), 1))
     (xn,) = feeds.values()
     row = {"workload": f"{key} {label}", "batch": 1, "what": "forward",
            "launches": len(model.steps["forward"])}
@@ -687,10 +858,12 @@ def run_forward(key, o):
              for k, v in tparams(dict(model.params.items())).items()}
         fwd = tfwd(F, P, training=False)
 
+        host = TorchSide.stage_like(torch, dev, xn)
+
         def forward_of(f):
             def run():
                 with torch.no_grad():
-                    return f(torch.from_numpy(np.asarray(xn, np.float32)).to(dev)).cpu()
+                    return f(host(xn).to(dev, non_blocking=True)).cpu()
             return run
         torch_forward = forward_of(fwd)
         fns.append(torch_forward)
@@ -710,18 +883,31 @@ def run_forward(key, o):
                 cols.append("compiled_ms")
     times = alternate(fns, o.steps, o.warmup)
     row.update(zip(cols, times))
+    if "graph_ms" in cols:
+        row["graph_range"] = ratio_range(cols.index("graph_ms"), 0)
     row["floor_ms"] = floor_ms(2.0 * macs, 4.0 * nparams, o.peaks)
     return row
 
 
 COMPILE = """
-import sys, time
+import json, sys, time
 sys.path.insert(0, {here!r})
 import kilnet as kn, vs_pytorch as vs
+import kilnet.build, kilnet.runtime.executor as ex
+spent = dict(lower=0.0, builds=[])
+lower, build = kilnet.build.lower, ex.build
+def timed_lower(*a, **k):
+    t = time.perf_counter(); out = lower(*a, **k); spent["lower"] += time.perf_counter() - t
+    return out
+def timed_build(dc, name, source, *a, **k):
+    t = time.perf_counter(); out = build(dc, name, source, *a, **k)
+    spent["builds"].append((name, len(source), time.perf_counter() - t)); return out
+kilnet.build.lower, ex.build = timed_lower, timed_build
 g, loss, _ = vs.w1_graph()
 t = time.perf_counter()
 kn.compile(g, batch=64, optimizer=kn.Adam(), loss=loss, device={device!r})
-print(time.perf_counter() - t)
+spent["total"] = time.perf_counter() - t
+print(json.dumps(spent))
 """
 
 
@@ -735,9 +921,23 @@ def compile_times(device):
         env = dict(os.environ, XDG_CACHE_HOME=tmp, POCL_CACHE_DIR=os.path.join(tmp, "pocl"),
                    CUDA_CACHE_PATH=os.path.join(tmp, "nv"))
         code = COMPILE.format(here=os.path.dirname(os.path.abspath(__file__)), device=device)
-        return [float(subprocess.run([sys.executable, "-c", code], env=env, check=True,
-                                     capture_output=True, text=True).stdout.split()[-1])
+        return [json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                                          capture_output=True, text=True).stdout.splitlines()[-1])
                 for _ in ("cold", "second", "warm")]
+
+
+def compile_line(runs):
+    """What compile_times measured, and where the time went in each process: lowering (our
+    passes and rendering), program builds (the driver's compiler, or loading binaries; the
+    largest named), and the rest (device choice, allocation, binding, parameters)."""
+    parts = []
+    for label, r in zip(("cold caches", "second (saving binaries)", "warm (from binaries)"), runs):
+        builds = sum(t for _, _, t in r["builds"])
+        name, size, big = max(r["builds"], key=lambda b: b[2])
+        parts.append(f"{label} {r['total']:.2f} s = lower {r['lower']:.2f} + {len(r['builds'])} "
+                     f"program builds {builds:.2f} (largest {name}, {size // 1000} kB of source: "
+                     f"{big:.2f}) + rest {r['total'] - r['lower'] - builds:.2f}")
+    return "compile W1 (batch 64, training) in a fresh process: " + "; ".join(parts)
 
 
 def floor_ms(flops, bytes_, peaks):
@@ -760,7 +960,11 @@ def columns(gpu, tuned=False, compiled=False, plan=False):
         cols.append(("graph_ms", 10, ".3f"))
     if compiled:
         cols.append(("compiled_ms", 12, ".3f"))
-    return cols + [("ratio_eager", 12, ".2f")] + ([("ratio_graph", 12, ".2f")] if gpu else []) + (
+    cols += [("res_ms", 9, ".3f")] + ([("res_graph_ms", 13, ".3f")] if gpu else [
+        ("res_torch_ms", 13, ".3f")])
+    return cols + [("ratio_eager", 12, ".2f")] + ([("ratio_graph", 12, ".2f"),
+                                                   ("graph_range", 12, "range")] if gpu else []) + [
+        ("ratio_res", 10, ".2f")] + ([("res_range", 11, "range")] if gpu else []) + (
         [("ratio_tuned", 12, ".2f")] if tuned else []) + (
         [("plan_eager", 11, ".2f")] + ([("plan_graph", 11, ".2f")] if gpu else []) + [
             ("plan_gain", 10, ".2f")] if plan else []) + (
@@ -778,6 +982,8 @@ def header(cols, out):
 def row_line(r, cols, out):
     r["ratio_eager"] = r["torch_ms"] / r["kilnet_ms"] if r.get("torch_ms") else None
     r["ratio_graph"] = r["graph_ms"] / r["kilnet_ms"] if r.get("graph_ms") else None
+    peer = r.get("res_graph_ms") or r.get("res_torch_ms")
+    r["ratio_res"] = peer / r["res_ms"] if peer and r.get("res_ms") else None
     r["ratio_tuned"] = r["torch_ms"] / r["tuned_ms"] if r.get("tuned_ms") and r.get("torch_ms") \
         else None
     r["ratio_compiled"] = r["compiled_ms"] / r["kilnet_ms"] if r.get("compiled_ms") else None
@@ -789,8 +995,12 @@ def row_line(r, cols, out):
         r.get("tuned_ms") else None
     r["of_floor"] = r["floor_ms"] / r["kilnet_ms"] if r.get("floor_ms") else None
     r["samples_s"] = r["batch"] / r["kilnet_ms"] * 1e3
-    out("".join(f"{fmt(r.get(n), s):>{w}}" if s != "s" else f"{r[n]:>{w}}" for n, w, s in cols),
-        flush=True)
+    out("".join(f"{r[n]:>{w}}" if s == "s" else f"{span(r.get(n)):>{w}}" if s == "range" else
+                f"{fmt(r.get(n), s):>{w}}" for n, w, s in cols), flush=True)
+
+
+def span(pair):
+    return "-" if not pair else f"{pair[0]:.2f}-{pair[1]:.2f}"
 
 
 def gemm_line(p, out):
@@ -829,6 +1039,9 @@ def main(argv=None):
     ap.add_argument("--only", default="W1,W2,W3", help="workloads, comma-separated")
     ap.add_argument("--batches", default=None, help="W1's batches (default 1,64,256,1024)")
     ap.add_argument("--gemm", type=int, default=4096, help="GEMM size n (0: skip)")
+    ap.add_argument("--resident-steps", type=int, default=50, metavar="N",
+                    help="steps per timed call of the resident regime, whose losses are read "
+                         "once per call (default 50)")
     ap.add_argument("--no-torch", action="store_true", help="kilnet only")
     ap.add_argument("--per-kernel", action="store_true",
                     help="also print each train step's launches with their device time, sizes and "
@@ -851,7 +1064,7 @@ def main(argv=None):
                          "batch 1, one timed call, no GEMM peak or compile times, tuning 0.5 s")
     a = ap.parse_args(argv)
     if a.smoke:
-        a.only, a.steps, a.warmup, a.gemm = "W2", 1, 0, 0
+        a.only, a.steps, a.warmup, a.gemm, a.resident_steps = "W2", 1, 0, 0, 4
         a.tune_budget = min(a.tune_budget, 0.5)
     if a.tune_budget <= 0:
         ap.error(f"--tune-budget must be > 0, got {a.tune_budget}")
@@ -880,6 +1093,7 @@ def main(argv=None):
             sys.exit("kilnet runs on a GPU but PyTorch has no CUDA device")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = True
         torch.set_float32_matmul_precision("highest")
     host = (f"CUDA {torch.cuda.get_device_name()}" if torch is not None and gpu
             else f"CPU: {cpu_name()}, {os.cpu_count()} cores")
@@ -896,10 +1110,7 @@ def main(argv=None):
     if peaks:
         gemm_line(peaks, print)
     if not a.smoke:
-        cold, second, warm = compile_times(a.device)
-        print(f"compile W1 (batch 64, training) in a fresh process: cold caches {cold:.2f} s, "
-              f"second (saving binaries) {second:.2f} s, warm (from binaries) {warm:.2f} s",
-              flush=True)
+        print(compile_line(compile_times(a.device)), flush=True)
     o = Options(a, torch, dev, peaks)
     if a.table:
         print(f"kilnet_ms: the policy's schedules alone; tuned_ms: with the table {a.table}"
@@ -920,6 +1131,9 @@ def main(argv=None):
             row_line(r, cols, print)
             if "compiled" in r:
                 failures.append(f"{r['workload']} {r['what']} batch {r['batch']}: {r['compiled']}")
+    print("ratio_res = PyTorch's resident step (CUDA graph on a GPU, eager on a CPU) / kilnet's "
+          "(train_steps); graph_range, res_range: that ratio's lowest-highest over the rounds of "
+          "blocks (the noise within this run)")
     print("ratio_* = PyTorch time / kilnet time (> 1: kilnet faster); of_floor = floor / kilnet "
           "time; loss_rel = |kilnet - PyTorch| / |PyTorch| (train: first loss; forward: largest "
           "output difference over the largest output" + ("; the larger of kilnet's two models'"

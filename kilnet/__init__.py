@@ -8,6 +8,7 @@ from .ops import *  # noqa: F401,F403  (the builders: kilnet.ops.BUILDERS, from 
 from .ops import BUILDERS
 from .kernels.optimizers import SGD, Adam
 from .build import compile, load
+from .device_data import DeviceData
 from .fit import History, fit
 from .runtime.device import devices
 from .policy.symbolic import ACTIVATIONS
@@ -16,4 +17,4 @@ __version__ = "0.1.0"
 __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "ACTIVATIONS",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError",
            "CheckpointError", "BundleError", "DeviceError", "MemoryCheckError", "fit", "History",
-           "NonFiniteLoss", "RankTimeout", "DeadBranchWarning"] + BUILDERS
+           "NonFiniteLoss", "RankTimeout", "DeadBranchWarning", "DeviceData"] + BUILDERS

@@ -17,6 +17,16 @@ trains on its own shard of it (rank r takes samples r·batch … (r+1)·batch �
 ``batch`` samples is taken as this rank's shard as it is. Losses are global (the mean over the
 ranks), ``samples`` counts every rank's, and only rank 0 shows the progress bar.
 
+``batches`` may also be data kept on the device (``model.upload``, a ``kn.DeviceData``): each
+epoch is then one pass over it (``batches_per_pass`` steps, reshuffled each pass unless
+``shuffle=False``), run by ``model.train_steps`` in runs of ``sync_every`` steps, whose losses
+are read (and the bar updated) once per run. A list or tuple of batches that fits on the device
+(all of ``model.batch`` samples, at most a quarter of the device's memory beyond the model's)
+is uploaded once and trained the same way, in its own order: the same steps on the same
+batches, without a host upload and sync per step. The bar's label ends in "on device" and
+``history.on_device`` is True when it does; ``on_device=False`` keeps the host loop,
+``on_device=True`` refuses data it cannot upload.
+
 On a non-finite loss, training stops *before* that step's update (the model keeps its last
 finite parameters) and :class:`NonFiniteLoss` is raised. Its message names the first node whose
 output went non-finite on the failing batch (found with :meth:`Model.first_non_finite`), the
@@ -32,8 +42,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .device_data import DeviceData, batch_of
 from .errors import CompileError, FeedError, GraphError, NonFiniteLoss
 from .runtime.distributed import allgather_obj, limit_of
+
+# fit on the device: steps per run of train_steps (one loss read, one update of the bar)
+SYNC_EVERY = 100
 
 
 @dataclass
@@ -41,7 +55,8 @@ class History:
     """What :func:`fit` did. ``losses``: one per step; ``epoch_losses``: the mean of each
     (complete or interrupted) epoch; ``epoch_seconds`` and ``epoch_samples_per_s`` likewise;
     ``steps``, ``samples``, ``seconds`` in all; ``stopped``: the NonFiniteLoss that ended the run
-    early with ``on_non_finite="return"``, else None."""
+    early with ``on_non_finite="return"``, else None; ``on_device``: whether the batches were
+    gathered on the device."""
     losses: list = field(default_factory=list)
     epoch_losses: list = field(default_factory=list)
     epoch_seconds: list = field(default_factory=list)
@@ -50,6 +65,7 @@ class History:
     samples: int = 0
     seconds: float = 0.0
     stopped: object = None
+    on_device: bool = False     # trained from data kept on the device (train_steps)
 
     @property
     def samples_per_s(self):
@@ -62,7 +78,8 @@ class History:
     def __repr__(self):
         last = f"{self.epoch_losses[-1]:.4g}" if self.epoch_losses else "-"
         return (f"<History {self.epochs} epochs, {self.steps} steps, last epoch loss {last}, "
-                f"{self.samples_per_s:.0f} samples/s{', stopped early' if self.stopped else ''}>")
+                f"{self.samples_per_s:.0f} samples/s{', on device' if self.on_device else ''}"
+                f"{', stopped early' if self.stopped else ''}>")
 
 
 def _epoch_iterable(batches, epoch):
@@ -85,14 +102,18 @@ def _pair(item, step):
 
 
 def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="raise",
-        desc=None):
+        desc=None, shuffle=True, sync_every=SYNC_EVERY, on_device=None):
     """Train ``model`` (compiled with a loss and an optimizer) on ``batches`` for ``epochs``
     epochs, or until ``steps`` steps in all when given; returns a :class:`History`.
 
+    ``batches``: (feeds, targets) pairs (see the module's docstring), or ``kn.DeviceData``.
     ``progress``: show a tqdm bar per epoch (step, loss, samples/s) on stderr, labelled
     "``desc`` epoch/epochs" (``desc`` defaults to "epoch").
     ``on_non_finite``: "raise" (default) raises :class:`NonFiniteLoss`; "return" stops and
-    returns the history with the exception in ``history.stopped``."""
+    returns the history with the exception in ``history.stopped``.
+    ``shuffle``: reshuffle ``DeviceData`` each pass (batches given as a list keep their order).
+    ``sync_every``: steps per run of ``train_steps`` on the device, between loss reads.
+    ``on_device``: None uploads a list of batches that fits; True requires it; False never."""
     if "train_step" not in model.steps:
         raise CompileError(f"fit: model {model.graph.name!r} was compiled without an optimizer "
                            f"and a loss; compile it with optimizer=kn.SGD(...) or kn.Adam(...)")
@@ -102,9 +123,23 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
         raise GraphError(f"fit: steps must be None or an int >= 1, got {steps!r}")
     if on_non_finite not in ("raise", "return"):
         raise GraphError(f"fit: on_non_finite must be 'raise' or 'return', got {on_non_finite!r}")
+    if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
+        raise GraphError(f"fit: sync_every must be an int >= 1, got {sync_every!r}")
+    if on_device not in (None, True, False):
+        raise GraphError(f"fit: on_device must be None, True or False, got {on_device!r}")
     ranks = getattr(model, "ranks", 1)
     if isinstance(batches, (list, tuple)):
         _check_batch_sizes(model, batches, ranks)
+    data, order = batches, None
+    if not isinstance(batches, DeviceData) and on_device is not False:
+        data, why = _upload_batches(model, batches, ranks)
+        if data is None and on_device:
+            raise FeedError(f"fit: on_device=True, but the batches cannot be kept on the device: "
+                            f"{why}")
+        shuffle = False
+    if isinstance(data, DeviceData):
+        return _fit_on_device(model, data, epochs, steps, progress, on_non_finite, desc,
+                              shuffle, sync_every)
     if ranks > 1:
         progress = progress and model.rank == 0
     if progress:
@@ -169,6 +204,108 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
         _close_epoch(history, epoch_losses, t0, model.batch * ranks)
     history.seconds = time.perf_counter() - t_run
     return history
+
+
+def _fit_on_device(model, data, epochs, steps, progress, on_non_finite, desc, shuffle,
+                   sync_every):
+    """fit on DeviceData: each epoch one pass, in runs of ``sync_every`` steps."""
+    if progress:
+        from tqdm.auto import tqdm
+    history = History(on_device=True)
+    per = data.batches_per_pass
+    t_run = time.perf_counter()
+    for epoch in range(epochs):
+        if steps is not None and history.steps >= steps:
+            break
+        total = per if steps is None else min(per, steps - history.steps)
+        bar = tqdm(total=total, desc=f"{desc or 'epoch'} {epoch + 1}/{epochs} on device",
+                   unit="step", leave=True, dynamic_ncols=True) if progress else None
+        epoch_losses, t0 = [], time.perf_counter()
+        try:
+            while len(epoch_losses) < total:
+                n = min(sync_every, total - len(epoch_losses))
+                try:
+                    losses = model.train_steps(data, n, shuffle=shuffle)
+                except (FeedError, NonFiniteLoss) as e:
+                    if not hasattr(e, "losses"):          # refused before any device work
+                        raise
+                    good = [float(v) for v in e.losses[:-1]]
+                    history.losses += good
+                    epoch_losses += good
+                    history.steps += len(good)
+                    history.samples += model.batch * len(good)
+                    feeds, targets = batch_of(model, data, e.batch)
+                    report = model.first_non_finite(feeds, targets)
+                    err = NonFiniteLoss(
+                        f"fit: the loss went non-finite ({float(e.losses[-1])}) at step "
+                        f"{history.steps + 1} (epoch {epoch + 1}); the update was not applied; "
+                        + NonFiniteLoss.describe(report), step=history.steps + 1,
+                        loss=float(e.losses[-1]), report=report, history=history)
+                    _close_epoch(history, epoch_losses, t0, model.batch)
+                    history.seconds = time.perf_counter() - t_run
+                    if on_non_finite == "raise":
+                        raise err from None
+                    history.stopped = err
+                    return history
+                losses = [float(v) for v in losses]
+                history.losses += losses
+                epoch_losses += losses
+                history.steps += n
+                history.samples += model.batch * n
+                if bar is not None:
+                    dt = time.perf_counter() - t0
+                    bar.update(n)
+                    bar.set_postfix(loss=f"{losses[-1]:.4g}", samples_s=f"{len(epoch_losses) * model.batch / dt:.0f}"
+                                    if dt > 0 else "-", refresh=False)
+        finally:
+            if bar is not None:
+                bar.close()
+        _close_epoch(history, epoch_losses, t0, model.batch)
+    history.seconds = time.perf_counter() - t_run
+    return history
+
+
+def _upload_batches(model, batches, ranks):
+    """(DeviceData of ``batches`` in their order, None) where a list of them fits on the
+    device, else (None, why not)."""
+    if not isinstance(batches, (list, tuple)):
+        return None, "they are not a list or tuple (a generator is read as it goes)"
+    if ranks > 1:
+        return None, "the model is data-parallel"
+    if model.plan.resident is None:
+        return None, model.plan.resident_why
+    if not batches:
+        return None, "there are none"
+    feeds0, targets0 = _pair(batches[0], 1)
+    names = [("feed", n) for n in feeds0] + [("target", n) for n in targets0]
+    joined = {}
+    for kind, name in names:
+        parts = []
+        for i, item in enumerate(batches):
+            feeds, targets = _pair(item, i + 1)
+            source = feeds if kind == "feed" else targets
+            if name not in source or set(feeds) != set(feeds0) or set(targets) != set(targets0):
+                return None, f"batch {i + 1} names other feeds or targets than batch 1"
+            a = np.asarray(source[name])
+            if a.ndim == 0 or a.shape[0] != model.batch:
+                return None, f"batch {i + 1} does not hold {model.batch} samples"
+            parts.append(a)
+        if len({p.shape for p in parts}) > 1:
+            return None, f"the batches' {kind} {name!r} differ in shape"
+        joined[(kind, name)] = parts
+    item = np.dtype(model._exec.np_dtype).itemsize
+    need = sum(p.size for parts in joined.values() for p in parts) * item
+    room = model.device.global_mem_size - sum(model.plan.arenas.values()) * item
+    if need > room // 4:
+        return None, (f"they need {need / 2**20:.1f} MiB, more than a quarter of the "
+                      f"{room / 2**20:.1f} MiB the device has beyond the model")
+    arrays = {k: np.concatenate(v) for k, v in joined.items()}
+    try:
+        data = model.upload({n: a for (kind, n), a in arrays.items() if kind == "feed"},
+                            {n: a for (kind, n), a in arrays.items() if kind == "target"})
+    except FeedError as e:        # the host loop names the step and what is wrong with it
+        return None, str(e)
+    return data, None
 
 
 def _check_batch_sizes(model, batches, ranks):

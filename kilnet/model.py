@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from . import checkpoint, diagnose, export as bundle
+from . import checkpoint, device_data, diagnose, export as bundle
 from .errors import CompileError, FeedError, GraphError, KilnetError, NonFiniteLoss
 from .feeds import as_array, check_feeds, check_targets
 from .inspect import summary as summary_of
@@ -150,9 +150,29 @@ class Model:
             out.loss = self._loss()
         return out
 
-    def evaluate(self, feeds, targets):
-        """The training-mode loss on one batch, changing nothing."""
+    def upload(self, feeds, targets=None):
+        """Copy whole arrays to the device once (first axis = samples, any count >= batch), for
+        ``train_steps`` and ``evaluate``; returns a ``kn.DeviceData`` (kilnet/device_data.py)."""
+        self._require_loss("upload")
+        return device_data.upload(self, feeds, targets)
+
+    def train_steps(self, data, steps, shuffle=True, seed=None):
+        """``steps`` training steps on batches of ``data`` (from ``upload``) gathered on the
+        device, reshuffled each pass over the data (``seed``: restart the order from this seed);
+        returns the ``steps`` losses as one array, read once at the end. The results equal
+        ``train_step`` on the same batches (``data.last_batches``); a non-finite loss stops the
+        run there and raises as ``train_step`` does (kilnet/device_data.py)."""
+        return device_data.train_steps(self, data, steps, shuffle, seed)
+
+    def evaluate(self, feeds, targets=None):
+        """The training-mode loss on one batch, changing nothing; given ``DeviceData`` alone, the
+        mean loss over its whole batches, in sample order."""
         self._require_loss("evaluate")
+        if isinstance(feeds, device_data.DeviceData) and targets is None:
+            return device_data.evaluate(self, feeds)
+        if targets is None:
+            raise FeedError("evaluate: targets are missing (evaluate(feeds, targets), or "
+                            "evaluate(data) with data from model.upload)")
         _, arrays = self._feeds(feeds)
         tarrays = self._targets(targets)
         with self._exec.lock:
@@ -172,6 +192,10 @@ class Model:
         for launch in self.plan.launches:
             if launch.name == name:
                 return self.plan.sources[launch.kernel]
+        res = self.plan.resident
+        if res is not None and name in (res.gather.name, res.record.name, res.gather.kernel,
+                                        res.record.kernel):
+            return res.source
         if name in self.plan.sources:
             return self.plan.sources[name]
         raise GraphError(f"source: no launch or kernel named {name!r}; launches: "
@@ -345,7 +369,7 @@ class Model:
                                f"compile it with loss={{output: kind}}")
 
     def _loss(self):
-        return float(sum(self._exec.read(b).astype(np.float64).sum() for b in self.plan.losses))
+        return device_data.loss_total([self._exec.read(b) for b in self.plan.losses])
 
     def _upload(self, feeds, targets=None):
         for name, arr in feeds.items():

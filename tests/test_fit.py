@@ -86,7 +86,13 @@ def test_progress_bar_shows_step_loss_and_samples_per_second(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_early_stop_names_the_layer_whose_weights_are_nan(capsys):
+# The non-finite stops, on each path: None uploads the list of batches (train_steps on the
+# device), False keeps the host loop of train_step.
+PATHS = pytest.mark.parametrize("on_device", [None, False])
+
+
+@PATHS
+def test_early_stop_names_the_layer_whose_weights_are_nan(capsys, on_device):
     m = regression_model()
     x, y = data(64)
     kn.fit(m, batches(x, y), epochs=1, progress=False)
@@ -96,8 +102,9 @@ def test_early_stop_names_the_layer_whose_weights_are_nan(capsys):
     m.params["middle.weight"] = w
     step = m.step
     with pytest.raises(kn.NonFiniteLoss) as e:
-        kn.fit(m, batches(x, y), epochs=3, progress=True)
+        kn.fit(m, batches(x, y), epochs=3, progress=True, on_device=on_device)
     err = e.value
+    assert err.history.on_device is (on_device is None)
     assert isinstance(err, kn.KilnetError)
     assert err.node == "middle" and err.step == 1 and not math.isfinite(err.loss)
     msg = str(err)
@@ -116,24 +123,27 @@ def test_early_stop_names_the_layer_whose_weights_are_nan(capsys):
             np.testing.assert_array_equal(v, before[k])
 
 
-def test_early_stop_can_return_the_history_instead():
+@PATHS
+def test_early_stop_can_return_the_history_instead(on_device):
     m = regression_model()
     x, y = data(64)
     w = m.params["head.weight"]
     w[:] = np.nan
     m.params["head.weight"] = w
-    h = kn.fit(m, batches(x, y), epochs=2, progress=False, on_non_finite="return")
+    h = kn.fit(m, batches(x, y), epochs=2, progress=False, on_non_finite="return",
+               on_device=on_device)
     assert isinstance(h.stopped, kn.NonFiniteLoss) and h.stopped.node == "head"
     assert h.steps == 0 and h.losses == []
 
 
-def test_a_huge_learning_rate_diverges_and_is_stopped():
+@PATHS
+def test_a_huge_learning_rate_diverges_and_is_stopped(on_device):
     m = regression_model(lr=1e6, activation=None, optimizer=kn.SGD(lr=1e6))
     x, y = data(128)
     with pytest.raises(kn.NonFiniteLoss) as e:
-        kn.fit(m, batches(x, y), epochs=20, progress=False)
+        kn.fit(m, batches(x, y), epochs=20, progress=False, on_device=on_device)
     err = e.value
-    assert err.step > 1 and err.history.steps == err.step - 1
+    assert err.step > 1 and m.step == err.step - 1 and err.history.steps == err.step - 1
     assert all(math.isfinite(v) for v in err.history.losses)
     # The first non-finite value depends on the implementation's rounding, and both answers are
     # right: on PoCL a gradient that is exactly zero in theory (the hidden bias before batch norm)
@@ -159,12 +169,13 @@ def test_first_non_finite_is_none_on_a_healthy_model_and_flags_bad_feeds(model):
     assert r["node"] == "x" and r["kernel"] is None and r["non_finite"] == 1
 
 
-def test_fit_names_a_non_finite_target(model):
+@PATHS
+def test_fit_names_a_non_finite_target(model, on_device):
     x, y = data(32)
     y[5, 0] = np.nan
     before = {k: model.params[k] for k in model.params}
     with pytest.raises(kn.NonFiniteLoss, match="first non-finite output is the target 'y'"):
-        kn.fit(model, batches(x, y), epochs=1, progress=False)
+        kn.fit(model, batches(x, y), epochs=1, progress=False, on_device=on_device)
     r = model.first_non_finite({"x": x[:model.batch]}, {"y": y[:model.batch]})
     assert (r["node"], r["data"]) == ("y", "target")
     for k in before:

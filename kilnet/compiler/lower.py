@@ -18,7 +18,7 @@ from ..policy.dtypes import CTYPE
 from ..policy.plan import Arg, HostStep, Launch, Plan
 from ..policy.schedule import OUTER_UPDATE_ROWS
 from ..policy.target import GPU
-from . import persistent
+from . import persistent, resident
 from .fusion import fuse_activation_derivatives, grad_writers, root
 from .render import Renderer
 
@@ -309,10 +309,11 @@ class Lowering:
         self.guarded = True
         if self.ranks > 1:
             return
+        self.buffer(names.STEP_HALT, "scalar", 1)
         parts = {f"loss{i}": name for i, name in enumerate(self.loss_parts)}
         self.emit("step_ok", "update_state", [kernel(
             "check", "step_ok", dict(sizes=[self.buffers[p].size for p in self.loss_parts]),
-            dict(parts, step_ok=out(names.STEP_OK)), (1,), (1,))])
+            dict(parts, halt=names.STEP_HALT, step_ok=out(names.STEP_OK)), (1,), (1,))])
 
     def check_outer(self, launches):
         """Every one of a node's backward ``launches`` that writes a gradient the optimizer forms
@@ -500,6 +501,13 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
             plan_kernel, lo.renderer.sources[persistent.NAME] = persistent.build(
                 lo.launches, lo.renderer, lo.renderer.header, target)
             why = None
+    res, res_why = None, "the plan has no loss"
+    if loss and ranks > 1:
+        res_why = "data-parallel plans feed each rank's shard from the host"
+    elif loss:
+        res, res_why = resident.build(lo.buffers, {n: lo.value_buffer(v) for n, v in
+                                                   graph.inputs.items()}, lo.targets,
+                                      lo.loss_parts, batch, ctype, optimizer is not None)
     return Plan(graph=graph, batch=batch, dtype=dtype, loss=dict(loss), optimizer=optimizer,
                 input_grads=input_grads, debug_buffers=debug_buffers,
                 buffers=lo.buffers, arenas=lo.arenas, sources=lo.renderer.sources, launches=lo.launches,
@@ -510,7 +518,8 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                 input_grad_buffers=lo.input_grad_buffers,
                 params={p: p for p in lo.params}, state={s: s for s in lo.state},
                 poisonable=poisonable, target=target, ranks=ranks,
-                host_steps=lo.collectives, plan_kernel=plan_kernel, plan_kernel_why=why)
+                host_steps=lo.collectives, plan_kernel=plan_kernel, plan_kernel_why=why,
+                resident=res, resident_why=res_why)
 
 
 def check_loss_spec(graph, loss):

@@ -8,6 +8,11 @@ SCALARS = "optimizer:scalars"
 # 1 where this train step's loss is finite, else 0: every launch that changes the model's state
 # (update_state, optimizer) reads it and changes nothing at 0 (compiler/lower.py, c.kernel).
 STEP_OK = "step:ok"
+# 0 normally. A run of train steps from device-resident data (model.train_steps) sets it to 1 at
+# its first non-finite loss, so that STEP_OK stays 0 for the rest of that run: the model stops
+# where the loss went non-finite, as train_step's caller would have stopped it. The run sets it
+# back to 0 when it ends.
+STEP_HALT = "step:halt"
 
 
 def grad(name):

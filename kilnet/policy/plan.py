@@ -75,6 +75,33 @@ class HostStep:
     dst: str
 
 
+@dataclass
+class Resident:
+    """The two launches that run steps on data kept on the device (``model.upload``,
+    ``model.train_steps``; compiler/resident.py), outside the plan's launch sequences: ``gather``
+    before each step and ``record`` after it. Their arena arguments are ``Arg`` records as any
+    launch's; after them each kernel takes the buffers of one upload, in the slots ``extra``
+    names (from slot ``2 * len(args)`` on):
+    - gather: ``src<i>`` (fed buffer i's samples, all of them), ``order`` (uint: the samples of
+      each step's batch, a row per step), ``counters`` (uint: [0] the step within the run, [1]
+      the steps so far whose loss was finite) and, for training, ``table`` (the optimizer's
+      scalars of each step number, a row of 4 per finite step);
+    - record: ``history`` (a row of ``width`` loss-part values per step) and ``counters``."""
+    source: str                 # one program holding both kernels
+    gather: object              # Launch
+    record: object              # Launch
+    fed: list                   # [(plan buffer, elements per sample)]: the feeds, then targets
+    losses: list                # [(loss-part buffer, elements)], in history-row order
+    train: bool                 # with the optimizer's table and the STEP_OK/STEP_HALT bookkeeping
+    extra: dict                 # kernel name -> the names of its slots after the arena args
+    halt: str = None            # training: the buffer that stops a run (names.STEP_HALT), which
+    #                             every run clears as it begins and ends
+
+    @property
+    def width(self):
+        return sum(n for _, n in self.losses)
+
+
 # "gradient": launches storing a parameter gradient that train_step's optimizer forms itself
 # (kernels.base.OuterGradient): gradients() runs them in their place in the backward pass.
 PHASES = ("infer", "forward", "loss", "backward", "gradient", "update_state", "optimizer")
@@ -114,6 +141,9 @@ class Plan:
     # The KILNET_* settings kn.compile read (kilnet/settings.py): the runtime reads its own
     # (enqueue, cache, dump, plan-kernel groups, MPI timeout) from here, never the environment.
     settings: object = None
+    # Gather and record launches for data kept on the device (Resident), or None and why not.
+    resident: object = None
+    resident_why: str = "the plan has no loss"
 
     def launches_in(self, *phases):
         """The launches whose phase (one of PHASES) is one of ``phases``, in plan order."""

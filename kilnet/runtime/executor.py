@@ -40,7 +40,7 @@ class Executor:
         self.np_dtype = NP_DTYPE[plan.dtype]
         self.item = np.dtype(self.np_dtype).itemsize
         self._check_device()
-        self.ctx, self.queue, _ = dc = devmod.context(self.device)
+        self.ctx, self.queue, _ = dc = self._dc = devmod.context(self.device)
         self.lock = threading.Lock()
         self._pending = []
         # Pinned host staging per fed buffer (``stage``), on GPUs only: a CPU device reads host
@@ -59,14 +59,31 @@ class Executor:
         self._check_kernels(kernels)
         self._alloc(poison)
         for launch in plan.launches:
-            k = kernels[launch.name]
-            for a in launch.args:
-                k.set_arg(a.slot, self._mem(a.buffer))
-                k.set_arg(a.slot + 1, np.uint32(self._offset(a.buffer)))
-            self.bound[launch.name] = (k, launch.global_size, launch.local_size)
+            self.bind(launch, kernels[launch.name])
         self.plan_kernel_why = plan.plan_kernel_why
         if plan.plan_kernel is not None:
             self._use_plan_kernel(programs[plan.plan_kernel.name], groups)
+
+    def bind(self, launch, k, name=None):
+        """Set ``launch``'s arena arguments of kernel ``k`` (pointer and offset of each Arg) and
+        register it for the submitters under ``name`` (default the launch's)."""
+        for a in launch.args:
+            k.set_arg(a.slot, self._mem(a.buffer))
+            k.set_arg(a.slot + 1, np.uint32(self._offset(a.buffer)))
+        self.bound[name or launch.name] = (k, launch.global_size, launch.local_size)
+        return k
+
+    def program(self, name, source):
+        """A program built (or loaded from the cache) the way the plan's are."""
+        return build(self._dc, name, source, (), cache_dir=self.settings.cache,
+                     dump=self.settings.dump_kernels)
+
+    def resident_program(self):
+        """The program of the plan's gather and record launches (plan.resident), built on first
+        use: a model never given device data never builds it."""
+        if getattr(self, "_resident_program", None) is None:
+            self._resident_program = self.program("resident", self.plan.resident.source)
+        return self._resident_program
 
     def _use_plan_kernel(self, program, groups):
         """Submit through the plan kernel where it fits the device (else say why not)."""

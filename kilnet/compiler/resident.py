@@ -1,0 +1,51 @@
+"""The gather and record launches that run steps on data kept on the device (``model.upload``,
+``model.train_steps``): rendered here like every kernel, from templates/resident.cl.j2, and
+recorded in the plan (``plan.resident``) so that ``model.source`` shows them. They stay outside
+the plan's launch sequences: a bundle or the plan kernel never sees them.
+"""
+from ..policy import names
+from ..policy.plan import Arg, Launch, Resident
+from .render import PLACEHOLDER, header, render
+
+GATHER, RECORD = "resident_gather", "resident_record"
+# Work-items of the gather per sample: one per element of the widest row, rounded up to a
+# multiple of 32, at most this many (each then takes every GATHER_ROW-th element). A 1-D
+# gather dividing each element's index by its row size ran W2's at batch 32 (two rows of 4096)
+# in 1.04 ms on Intel's CPU runtime (2-core EPYC).
+GATHER_ROW = 1024
+
+
+def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train):
+    """The Resident record of a plan with a loss, or (None, why not)."""
+    fed = [(b, plan_buffers[b].size // batch) for b in list(feeds.values()) + list(targets.values())]
+    losses = [(b, plan_buffers[b].size) for b in loss_parts]
+    if max(batch * row for _, row in fed) >= 2 ** 31:
+        return None, "a fed buffer's batch holds 2^31 elements or more (the gather indexes in int)"
+
+    def launch(name, template_args, consts, extra):
+        names_ = [n for n, _, _ in template_args]
+        access = [a for _, _, a in template_args]
+        body = render("resident", dict(consts, batch=batch), names_, access).replace(PLACEHOLDER, name)
+        args = [Arg(2 * i, n, b, plan_buffers[b].role, a, plan_buffers[b].size,
+                    plan_buffers[b].offset) for i, (n, b, a) in enumerate(template_args)]
+        return body, extra, args
+
+    gather_args = [(f"dst{i}", b, "out") for i, (b, _) in enumerate(fed)]
+    if train:
+        gather_args.append(("scal", names.SCALARS, "out"))
+    record_args = [(f"loss{i}", b, "in") for i, (b, _) in enumerate(losses)]
+    if train:
+        record_args += [("step_ok", names.STEP_OK, "in"), ("halt", names.STEP_HALT, "out")]
+    g_body, g_extra, g_args = launch(
+        GATHER, gather_args, dict(kind="gather", rows=[r for _, r in fed], train=train),
+        [f"src{i}" for i in range(len(fed))] + ["order", "counters"] + (["table"] if train else []))
+    r_body, r_extra, r_args = launch(
+        RECORD, record_args, dict(kind="record", sizes=[n for _, n in losses], train=train),
+        ["history", "counters"])
+    items = min(GATHER_ROW, -(-max(row for _, row in fed) // 32) * 32)
+    return Resident(
+        source=header(ctype) + g_body + r_body,
+        gather=Launch("resident.gather", "resident", GATHER, (items, batch), None, g_args),
+        record=Launch("resident.record", "resident", RECORD, (1,), (1,), r_args),
+        fed=fed, losses=losses, train=train, extra={GATHER: g_extra, RECORD: r_extra},
+        halt=names.STEP_HALT if train else None), None
