@@ -346,6 +346,9 @@ class TorchSide:
             return loss
         self.graph, self.sloss = cuda_graph(torch, step,
                                             before=lambda: opt.zero_grad(set_to_none=True))
+        # A replay uses these tensors' memory as it was captured: they must outlive the graph
+        # (freed, the allocator hands their memory to others, which replays then overwrite).
+        self.graph_keep = (opt, sx, st, step)
 
     def graph_step(self, x, t):
         self.stage((x, t), "graph")
@@ -358,28 +361,29 @@ class TorchSide:
         self.r_batch, self.r_steps = batch, steps
 
     def capture_resident(self, X, T, batch, steps):
-        """The resident CUDA graph: X, T (all samples) on the device; each replay takes the
-        batch at its step counter's row of the order, steps, stores its loss in a device history
-        and advances the counter. ``resident_run`` reshuffles, replays ``steps`` times, reads."""
+        """The resident CUDA graph: X, T (all samples) on the device; one replay runs ``steps``
+        whole steps, step k taking the samples of row k of the order and storing its loss in
+        element k of a device history (the steps unrolled in one graph: fewer launches than
+        ``steps`` replays, so PyTorch's best case). ``resident_run`` reshuffles, replays, reads.
+        """
         torch, dev = self.torch, self.dev
         self.hold(X, T, batch, steps)
         self.r_order = torch.zeros(steps * batch, dtype=torch.int64, device=dev)
         self.r_hist = torch.zeros(steps, dtype=torch.float32, device=dev)
-        self.r_at = torch.zeros(1, dtype=torch.int64, device=dev)
-        lanes = torch.arange(batch, device=dev)
         self.r_pass, self.r_next = None, 0
         opt = self._capturable_adam()
 
-        def step():
-            idx = self.r_order.index_select(0, self.r_at * batch + lanes)
-            loss = self.fwd(self.rX.index_select(0, idx), self.rT.index_select(0, idx))
-            loss.backward()
-            opt.step()
-            self.r_hist.index_copy_(0, self.r_at, loss.detach().view(1))
-            self.r_at += 1
-            return loss
-        self.r_graph, _ = cuda_graph(torch, step, before=lambda: (
-            opt.zero_grad(set_to_none=True), self.r_at.zero_()))
+        def run():
+            for k in range(steps):
+                idx = self.r_order[k * batch:(k + 1) * batch]
+                if k:
+                    opt.zero_grad(set_to_none=False)
+                loss = self.fwd(self.rX.index_select(0, idx), self.rT.index_select(0, idx))
+                loss.backward()
+                opt.step()
+                self.r_hist[k].copy_(loss.detach())
+        self.r_graph, _ = cuda_graph(torch, run, before=lambda: opt.zero_grad(set_to_none=True))
+        self.r_keep = (opt, run)         # as graph_keep
 
     def resident_run(self):
         """``steps`` replays on batches of passes reshuffled on the device (the remainder of a
@@ -395,9 +399,7 @@ class TorchSide:
             rows.extend(self.r_pass[self.r_next:self.r_next + take])
             self.r_next += take
         self.r_order.copy_(torch.stack(rows).view(-1))
-        self.r_at.zero_()
-        for _ in range(n):
-            self.r_graph.replay()
+        self.r_graph.replay()
         return self.r_hist.cpu().numpy()
 
     def eager_resident_run(self):
