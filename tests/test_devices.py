@@ -159,6 +159,24 @@ def test_the_probe_builds_in_a_child_process_and_its_answer_is_cached_on_disk(fr
     assert devmod.probe(d) == error
 
 
+def test_gpu_drivers_that_report_failures_are_probed_in_this_process(fresh, monkeypatch):
+    # IN_PROCESS implementations' GPUs build the probe on the shared context, no child (which
+    # cost the H200 6.5 s of a cold compile); a broken build is still a refusal with its error
+    d = ranked()[0]
+    monkeypatch.setattr(devmod, "implementation", lambda dev: "nvidia")
+    monkeypatch.setattr(devmod, "_is_gpu", lambda dev: True)
+
+    def no_child(*a, **k):
+        raise AssertionError("a child process probed")
+    monkeypatch.setattr(subprocess, "run", no_child)
+    assert devmod.probe(d) is None
+    monkeypatch.setattr(devmod, "_probes", {})
+    (fresh / "probes.json").unlink()
+    monkeypatch.setattr(devmod, "PROBE_SOURCE", BROKEN)
+    error = devmod.probe(d)
+    assert error and "error" in error.lower()
+
+
 def test_a_probe_process_that_dies_is_a_refusal_not_a_crash(fresh, monkeypatch):
     monkeypatch.setattr(sys, "executable", shutil.which("false"))
     error = devmod.probe(ranked()[0])

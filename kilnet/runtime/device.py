@@ -2,8 +2,9 @@
 build a kernel, else the best CPU implementation that can.
 
 "Can build" is learnt by a probe: a child process builds and runs a tiny kernel on the device
-(a child, because a broken compiler may abort the process rather than return an error). The answer
-is cached on disk per platform, device and driver version, so a machine pays for it once.
+(a child, because a broken compiler may abort the process rather than return an error; GPU
+drivers that report failures instead, IN_PROCESS, are probed in this process). The answer is
+cached on disk per platform, device and driver version, so a machine pays for it once.
 
 Why probe at all: PoCL 3.0 from PyPI (LLVM 14) lists every x86-64 CPU as a device but cannot
 build a kernel on CPUs newer than its LLVM (AMD family 26, Zen 5: "unknown target CPU
@@ -52,6 +53,10 @@ __kernel void probe(__global float *x, __local float *tmp) {
 """
 
 NOT_ANSWERED = "the probe process failed to run"
+# Implementations probed in this process, on the context kilnet uses anyway: GPU drivers that
+# report a failed build rather than abort. The child process cost a cold compile on the H200 6.5
+# s of its 17 (importing kilnet, a second CUDA context of 1.6 s, the probe's build).
+IN_PROCESS = ("nvidia", "amd")
 
 _contexts = {}
 _probes = {}
@@ -131,12 +136,17 @@ def _save_probe(key, result):
         pass
 
 
-def build_and_run(device, source=PROBE_SOURCE):
-    """Build and run the probe kernel on `device` in this process; None if it works, else why."""
+def build_and_run(device, source=None, shared=False):
+    """Build and run the probe kernel on `device` in this process; None if it works, else why.
+    ``shared``: on the context and queue every model on the device uses (``context``)."""
     cl = _cl()
+    source = PROBE_SOURCE if source is None else source
     try:
-        ctx = cl.Context([device])
-        queue = cl.CommandQueue(ctx)
+        if shared:
+            ctx, queue, _ = context(device)
+        else:
+            ctx = cl.Context([device])
+            queue = cl.CommandQueue(ctx)
         with warnings.catch_warnings():        # a successful build's log is noise here
             warnings.simplefilter("ignore", cl.CompilerWarning)
             prg = cl.Program(ctx, source).build()
@@ -189,7 +199,9 @@ def probe(device, where=None):
         return _probes[key]
     if where is None:
         where = next(((pi, di) for pi, di, _p, d in _pairs() if d.int_ptr == device.int_ptr), None)
-    if where is None or not sys.executable:
+    if implementation(device) in IN_PROCESS and _is_gpu(device):
+        error = build_and_run(device, shared=True)
+    elif where is None or not sys.executable:
         error = build_and_run(device)
     else:
         error = _probe_in_child(where[0], where[1], device)
