@@ -18,7 +18,7 @@ from ..policy.dtypes import CTYPE
 from ..policy.plan import Arg, HostStep, Launch, Plan
 from ..policy.schedule import OUTER_UPDATE_ROWS
 from ..policy.target import GPU
-from . import persistent, resident
+from . import persistent, render, resident
 from .fusion import fuse_activation_derivatives, grad_writers, root
 from .render import Renderer
 
@@ -441,6 +441,8 @@ def lower(graph, batch, optimizer=None, loss=None, dtype="float32", *, input_gra
     recorded in the plan for the runtime."""
     graph = graph.copy(owner=f"the plan compiled from graph {graph.name!r}")
     optimizer = copy.deepcopy(optimizer)
+    if settings is not None:
+        render.use_cache(settings.cache)
     plan = _lower(graph, batch, dtype, loss or {}, optimizer, input_grads, debug_buffers, target,
                   ranks)
     return dataclasses.replace(plan, settings=settings)
