@@ -33,7 +33,7 @@ import tempfile
 import numpy as np
 
 from .compiler.lower import relower
-from .compiler.render import header, macros
+from .compiler.render import one_program
 from .errors import BundleError
 from .inspect import _fmt_bytes, _table
 from .policy import names
@@ -83,12 +83,6 @@ def plan_for(model, target=None):
 
 
 # -- the program: one .cl for every kernel ---------------------------------------------------
-# File-scope names a kernel's source may declare besides the kernel: inline helper functions and
-# typedefs (a line starting at column 0).
-_FILE_SCOPE = re.compile(r"^(?:(?:static\s+)?inline\s+[\w\s\*]*?\b(\w+)\s*\(|"
-                         r"typedef\s+[\w\s\*]+?\b(\w+)\s*;)", re.M)
-
-
 def _kernel_names(kernels):
     """{plan kernel name: name in kernels.cl}: unique, at most MAX_KERNEL_NAME characters."""
     out, taken = {}, set()
@@ -107,43 +101,16 @@ def _kernel_names(kernels):
 
 
 def program(plan, launches):
-    """(kernels.cl text, {plan kernel: bundle kernel}) for ``launches``.
-
-    Each kernel's source is the plan's (the common header once at the top); a kernel renamed
-    for uniqueness is renamed in its declaration only; macros a kernel #defines are #undef'd
-    after it; a file-scope helper function or typedef declared identically before (on one line)
-    is dropped, declared differently is renamed within that kernel."""
-    head = header(CTYPE[plan.dtype])
+    """(kernels.cl text, {plan kernel: bundle kernel}) for ``launches``: their kernels as one
+    program (compiler/render.py's ``one_program``), renamed to names MQL5 accepts."""
     used = list(dict.fromkeys(la.kernel for la in launches))
     rename = _kernel_names(used)
-    declared = {}                      # file-scope name -> its declaration line
-    parts = [f"/* kilnet bundle: {len(used)} kernels of model {plan.graph.name!r} "
-             f"({plan.dtype}, {plan.target.kind if plan.target else '?'} form). */\n", head]
-    for k in used:
-        src = plan.sources[k]
-        if not src.startswith(head):
-            raise BundleError(f"export: internal: kernel {k} does not start with the program header")
-        body = src[len(head):]
-        if rename[k] != k:
-            body = re.sub(rf"\b{re.escape(k)}(\s*\()", rename[k] + r"\1", body, count=1)
-        kept, clashes = [], []
-        for line in body.splitlines(keepends=True):
-            m = _FILE_SCOPE.match(line)
-            if m:
-                name = m.group(1) or m.group(2)
-                if name not in declared:
-                    declared[name] = line
-                elif declared[name] == line and line.rstrip().endswith(("}", ";")):
-                    continue                    # the same one-line declaration is in scope
-                else:
-                    clashes.append(name)
-            kept.append(line)
-        body = "".join(kept)
-        for name in clashes:
-            body = re.sub(rf"\b{re.escape(name)}\b", f"{name}_{rename[k]}", body)
-        undef = "".join(f"#undef {d}\n" for d in macros(body))
-        parts.append(f"/* ---- kernel {rename[k]} ---- */\n{body}{undef}")
-    return "".join(parts), rename
+    title = (f"kilnet bundle: {len(used)} kernels of model {plan.graph.name!r} "
+             f"({plan.dtype}, {plan.target.kind if plan.target else '?'} form)")
+    try:
+        return one_program(plan.sources, used, CTYPE[plan.dtype], rename, title), rename
+    except ValueError as e:
+        raise BundleError(f"export: internal: {e}") from None
 
 
 # -- the bundle ------------------------------------------------------------------------------

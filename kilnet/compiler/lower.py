@@ -503,6 +503,9 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
             plan_kernel, lo.renderer.sources[persistent.NAME] = persistent.build(
                 lo.launches, lo.renderer, lo.renderer.header, target)
             why = None
+    separate = list(dict.fromkeys(la.kernel for la in lo.launches))
+    program = render.one_program(lo.renderer.sources, separate, ctype,
+                                 title=f"the kernels of graph {graph.name!r}")
     res, res_why = None, "the plan has no loss"
     if loss and ranks > 1:
         res_why = "data-parallel plans feed each rank's shard from the host"
@@ -521,7 +524,7 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                 params={p: p for p in lo.params}, state={s: s for s in lo.state},
                 poisonable=poisonable, target=target, ranks=ranks,
                 host_steps=lo.collectives, plan_kernel=plan_kernel, plan_kernel_why=why,
-                resident=res, resident_why=res_why)
+                resident=res, resident_why=res_why, program=program)
 
 
 def check_loss_spec(graph, loss):
