@@ -110,26 +110,3 @@ def test_compiled_templates_are_kept_on_disk_and_a_damaged_one_is_compiled_again
     entry.write_bytes(b"not bytecode")
     assert env().get_template("t").render(x=3) == "3!"
     assert [p.suffix for p in tmp_path.iterdir()] == [".jinja"]     # replaced whole, no temp left
-
-
-def test_a_kernel_that_does_not_build_is_named_though_the_plan_builds_as_one_program(cache):
-    # The executor builds the launches' kernels as one program (plan.program); when that fails
-    # it builds them one by one, so the error names the kernel and quotes its line.
-    import dataclasses
-    from kilnet.compiler.lower import lower
-    from kilnet.compiler.render import one_program
-    from kilnet.policy.target import Target
-    from kilnet.runtime.executor import Executor
-    g = kn.Graph("broken")
-    g.output("y", kn.dense(kn.dense(g.input("x", (3,)), 4, activation="tanh"), 2))
-    dev = devmod.select(None)
-    plan = lower(g, 2, None, None, "float32", target=Target.of(dev, settings.read()),
-                 settings=settings.read())
-    bad = next(k for k in plan.sources if "dense_2" in k)
-    sources = dict(plan.sources)
-    sources[bad] = sources[bad].replace("{", "{ this is not OpenCL C;", 1)
-    kernels = list(dict.fromkeys(la.kernel for la in plan.launches))
-    broken = dataclasses.replace(plan, sources=sources,
-                                 program=one_program(sources, kernels, "float"))
-    with pytest.raises(kn.CompileError, match=rf"{bad}"):
-        Executor(broken, dev)

@@ -311,9 +311,11 @@ class Lowering:
             return
         self.buffer(names.STEP_HALT, "scalar", 1)
         parts = {f"loss{i}": name for i, name in enumerate(self.loss_parts)}
+        sizes = [self.buffers[p].size for p in self.loss_parts]
+        L = self.target.schedule("group", "step_ok.check", self.ctype, items=sum(sizes)).local[0]
         self.emit("step_ok", "update_state", [kernel(
-            "check", "step_ok", dict(sizes=[self.buffers[p].size for p in self.loss_parts]),
-            dict(parts, halt=names.STEP_HALT, step_ok=out(names.STEP_OK)), (1,), (1,))])
+            "check", "step_ok", dict(sizes=sizes, L=L),
+            dict(parts, halt=names.STEP_HALT, step_ok=out(names.STEP_OK)), (L,), (L,))])
 
     def check_outer(self, launches):
         """Every one of a node's backward ``launches`` that writes a gradient the optimizer forms
@@ -503,16 +505,15 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
             plan_kernel, lo.renderer.sources[persistent.NAME] = persistent.build(
                 lo.launches, lo.renderer, lo.renderer.header, target)
             why = None
-    separate = list(dict.fromkeys(la.kernel for la in lo.launches))
-    program = render.one_program(lo.renderer.sources, separate, ctype,
-                                 title=f"the kernels of graph {graph.name!r}")
     res, res_why = None, "the plan has no loss"
     if loss and ranks > 1:
         res_why = "data-parallel plans feed each rank's shard from the host"
     elif loss:
+        width = sum(lo.buffers[p].size for p in lo.loss_parts)
+        lanes = target.schedule("group", "resident.record", ctype, items=width).local[0]
         res, res_why = resident.build(lo.buffers, {n: lo.value_buffer(v) for n, v in
                                                    graph.inputs.items()}, lo.targets,
-                                      lo.loss_parts, batch, ctype, optimizer is not None)
+                                      lo.loss_parts, batch, ctype, optimizer is not None, lanes)
     return Plan(graph=graph, batch=batch, dtype=dtype, loss=dict(loss), optimizer=optimizer,
                 input_grads=input_grads, debug_buffers=debug_buffers,
                 buffers=lo.buffers, arenas=lo.arenas, sources=lo.renderer.sources, launches=lo.launches,
@@ -524,7 +525,7 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                 params={p: p for p in lo.params}, state={s: s for s in lo.state},
                 poisonable=poisonable, target=target, ranks=ranks,
                 host_steps=lo.collectives, plan_kernel=plan_kernel, plan_kernel_why=why,
-                resident=res, resident_why=res_why, program=program)
+                resident=res, resident_why=res_why)
 
 
 def check_loss_spec(graph, loss):

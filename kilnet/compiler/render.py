@@ -164,9 +164,8 @@ def one_program(sources, kernels, ctype, rename=None, title=None):
     common header once at the top; a kernel renamed (``rename``: {name: new name}) in its
     declaration only; macros a kernel #defines #undef'd after it; a file-scope helper function
     or typedef declared identically before (on one line) dropped, declared differently renamed
-    within that kernel. What an export bundle's kernels.cl holds, and what the executor builds
-    as one program (NVIDIA's compiler took 3.5 s for W1's 36 kernels so, 4.8 s one by one).
-    A source that does not start with the header is a ValueError."""
+    within that kernel: what an export bundle's kernels.cl holds. A source that does not start
+    with the header is a ValueError."""
     head = header(ctype)
     rename = rename or {}
     declared = {}                      # file-scope name -> its declaration line

@@ -15,8 +15,10 @@ GATHER, RECORD = "resident_gather", "resident_record"
 GATHER_ROW = 1024
 
 
-def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train):
-    """The Resident record of a plan with a loss, or (None, why not)."""
+def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train, lanes):
+    """The Resident record of a plan with a loss, or (None, why not). ``lanes``: the record's
+    work-group (its copy of the loss parts; one work-item took W1's 3072 elements at batch
+    1024 as long as the step_ok check did, 53 µs on an H200)."""
     fed = [(b, plan_buffers[b].size // batch) for b in list(feeds.values()) + list(targets.values())]
     losses = [(b, plan_buffers[b].size) for b in loss_parts]
     if max(batch * row for _, row in fed) >= 2 ** 31:
@@ -40,12 +42,13 @@ def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train):
         GATHER, gather_args, dict(kind="gather", rows=[r for _, r in fed], train=train),
         [f"src{i}" for i in range(len(fed))] + ["order", "counters"] + (["table"] if train else []))
     r_body, r_extra, r_args = launch(
-        RECORD, record_args, dict(kind="record", sizes=[n for _, n in losses], train=train),
+        RECORD, record_args, dict(kind="record", sizes=[n for _, n in losses], train=train,
+                                  L=lanes),
         ["history", "counters"])
     items = min(GATHER_ROW, -(-max(row for _, row in fed) // 32) * 32)
     return Resident(
         source=header(ctype) + g_body + r_body,
         gather=Launch("resident.gather", "resident", GATHER, (items, batch), None, g_args),
-        record=Launch("resident.record", "resident", RECORD, (1,), (1,), r_args),
+        record=Launch("resident.record", "resident", RECORD, (lanes,), (lanes,), r_args),
         fed=fed, losses=losses, train=train, extra={GATHER: g_extra, RECORD: r_extra},
         halt=names.STEP_HALT if train else None), None

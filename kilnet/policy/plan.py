@@ -141,9 +141,6 @@ class Plan:
     # The KILNET_* settings kn.compile read (kilnet/settings.py): the runtime reads its own
     # (enqueue, cache, dump, plan-kernel groups, MPI timeout) from here, never the environment.
     settings: object = None
-    # The launches' kernels (the plan kernel apart) as the text of one program, which the
-    # executor builds (compiler/render.py's one_program); None: each source on its own.
-    program: str = None
     # Gather and record launches for data kept on the device (Resident), or None and why not.
     resident: object = None
     resident_why: str = "the plan has no loss"
