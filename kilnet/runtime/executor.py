@@ -68,8 +68,8 @@ class Executor:
         sharing a kernel share its program and cached binary), the plan kernel from a second
         thread meanwhile. NVIDIA's compiler, W1 at batch 64: 3.7 s for the plan kernel and 4.8
         s for the other 36 one after the other; the two at once overlapped by 1.3 s. The 36 as
-        one program built in 3.5 s instead of 4.8, but then no model shares a program with
-        another: the test suite's many small models built 1.5x as long."""
+        one program built in 3.5 s instead of 4.8, but then no model would share a program with
+        another (the tuner builds a model once per candidate, one kernel's schedule changed)."""
         plan, settings = self.plan, self.settings
         pk = plan.plan_kernel.name if plan.plan_kernel is not None else None
 
