@@ -191,21 +191,23 @@ def train_steps(model, data, steps, shuffle=True, seed=None):
         arrays = data._arrays
         with model._exec.lock:
             arrays.begin(order, table)
+            failed = True
             try:
-                if _checked(model):
-                    for i in range(n):
-                        try:
-                            arrays.step_checked(model._run, model._train)
-                        except Exception:
-                            model.step += i
-                            data._take(i + 1)
-                            raise
+                if _checked(model):          # a check may raise mid-step, before its updates
+                    for _ in range(n):
+                        arrays.step_checked(model._run, model._train)
                 else:
                     arrays.steps(model._train, n)
+                failed = False
             finally:
+                # The device's count of the run's finite steps is the truth, however it ended.
                 history, counters = arrays.end(n)
+                model.step += int(counters[1])
+                if failed:                   # the steps recorded, and the one that raised
+                    upto = min(int(counters[0]) + 1, n)
+                    data._take(upto)
+                    data.last_batches = np.concatenate(taken + [order[:upto]])
         finite = int(counters[1])
-        model.step += finite
         run = _losses(model, history)
         if finite < n:                       # step `finite` went non-finite; the rest halted
             data._take(finite + 1)

@@ -174,7 +174,7 @@ def test_check_finite_runs_each_launch_checked():
     a.params["reg.weight"] = w
     with pytest.raises(kn.NonFiniteLoss, match="check_finite"):
         a.train_steps(data, 3)
-    assert a.step == b.step
+    assert a.step == b.step and len(data.last_batches) == 1
     for k in a.params:
         if k != "reg.weight":
             np.testing.assert_array_equal(a.params[k], b.params[k], err_msg=k)
@@ -262,3 +262,15 @@ def test_the_device_check_script_agrees_here():
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("identical") == 4, r.stdout
+
+
+def test_a_checked_run_that_stops_mid_run_counts_the_steps_before_it():
+    a, b = pair(check_finite=True)
+    feeds, targets = dataset(20)
+    feeds["b"][12, 3] = np.nan                   # sample 12: the third batch, in sample order
+    data = a.upload(feeds, targets)
+    with pytest.raises(kn.NonFiniteLoss, match="check_finite"):
+        a.train_steps(data, 4, shuffle=False)
+    assert a.step == 2 and len(data.last_batches) == 3 and 12 in data.last_batches[-1]
+    replay(b, feeds, targets, data.last_batches[:2])
+    same_state(a, b)
