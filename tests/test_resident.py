@@ -274,3 +274,17 @@ def test_a_checked_run_that_stops_mid_run_counts_the_steps_before_it():
     assert a.step == 2 and len(data.last_batches) == 3 and 12 in data.last_batches[-1]
     replay(b, feeds, targets, data.last_batches[:2])
     same_state(a, b)
+
+
+def test_a_checkpoint_between_runs_resumes_as_if_uninterrupted(tmp_path):
+    a, b = pair()
+    feeds, targets = dataset(15)
+    data = a.upload(feeds, targets)
+    a.train_steps(data, 3, seed=1)
+    b.train_steps(b.upload(feeds, targets), 3, seed=1)
+    a.save(str(tmp_path / "ckpt"))
+    c = kn.load(str(tmp_path / "ckpt"))
+    assert c.step == 3
+    want = b.train_steps(b.upload(feeds, targets), 4, seed=2)
+    np.testing.assert_array_equal(c.train_steps(c.upload(feeds, targets), 4, seed=2), want)
+    same_state(c, b)
