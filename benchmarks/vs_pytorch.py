@@ -66,10 +66,11 @@ below it warm too.
 
 ``host ms`` is the time until a step's enqueues return (for PyTorch eager on CUDA, its whole
 Python launch path), measured over separate calls. ``floor ms`` is the least time the device
-could take: max(FLOPs / peak, bytes / bandwidth), where peak is the best GEMM rate measured here
-(kilnet's or cuBLAS/oneDNN's), bandwidth that of a large device-to-device copy measured by
-PyTorch, FLOPs = 2 x multiply-adds forward (x 3 for a train step) and bytes = the Adam update's
-6 streams of float32 parameters (a train step: parameters and both moments, each read and
+could take. On a GPU: max(FLOPs / peak, bytes / bandwidth), where peak is the best GEMM rate
+measured here (kilnet's or cuBLAS's), bandwidth that of a large device-to-device copy measured
+by PyTorch; on a CPU: FLOPs / the FMA peak benchmarks/fma_peak.py measures + bytes / the copy
+bandwidth numpy measures (issue 34's floor). FLOPs = 2 x multiply-adds forward (x 3 for a
+train step) and bytes = the Adam update's 6 streams of float32 parameters (a train step: parameters and both moments, each read and
 written; a gradient need not pass through memory, and at small batches kilnet's does not) or
 the parameters once (forward).
 """
@@ -175,11 +176,14 @@ def w2_torch(F, P, training=True):
         return torch.sigmoid(lin(x, f"{p}.filter")) * F.leaky_relu(lin(x, f"{p}.state"), 0.01)
 
     def fwd(x, t=None):
+        # Each score set as one scaled_dot_product_attention with its boolean mask (True: may
+        # attend), which PyTorch fuses: on a 2-core EPYC the step at batch 32 took 0.87x the time
+        # of scores, masked_fill(-inf), softmax and a product written out (20.4 against 22.9 ms;
+        # flushing denormals changed neither).
         B = x.shape[0]
         q, k, v = (lin(x, f"graph_attention_1.{p}").view(B, U, HEADS, DK).transpose(1, 2)
                    for p in "qkv")
-        s = q @ k.transpose(2, 3) / DK ** 0.5
-        o = [(torch.softmax(s.masked_fill(~m, float("-inf")), -1) @ v)
+        o = [F.scaled_dot_product_attention(q, k, v, attn_mask=m)
              .transpose(1, 2).reshape(B, U, HEADS * DK) for m in masks]
         h = add_norm(x, lin(torch.cat(o, -1), "graph_attention_1.out"))
         g = gconv(gconv(h, "graph_conv_1"), "graph_conv_2")
@@ -947,7 +951,26 @@ def compile_line(runs):
     return "compile W1 (batch 64, training) in a fresh process: " + "; ".join(parts)
 
 
+def cpu_floor_rates(device):
+    """The CPU floor's rates: the device's measured FMA peak (FLOP/s) and the host's copy
+    bandwidth (bytes read plus bytes written per second, best of 5 copies of 256 MiB)."""
+    fma, variant, _ = fma_peak.measure(device)
+    src = np.ones(2 ** 26, np.float32)
+    dst = np.empty_like(src)
+    best = 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = max(best, 2 * src.nbytes / (time.perf_counter() - t0))
+    return {"fma": fma * 1e9, "fma_variant": variant, "bandwidth": best}
+
+
 def floor_ms(flops, bytes_, peaks):
+    """The least time of a step. On a CPU (issue 34): FLOPs at the measured FMA peak plus the
+    bytes that must move at the measured copy bandwidth. On a GPU: the larger of FLOPs at the
+    best GEMM rate measured here and the bytes at the device's copy bandwidth."""
+    if peaks and "fma" in peaks:
+        return (flops / peaks["fma"] + bytes_ / peaks["bandwidth"]) * 1e3
     if not peaks or "bandwidth" not in peaks:
         return flops / peaks["peak"] * 1e3 if peaks else None
     return max(flops / peaks["peak"], bytes_ / peaks["bandwidth"]) * 1e3
@@ -1116,6 +1139,11 @@ def main(argv=None):
     peaks = measure_peaks(torch, dev, a.device, a.gemm, 3 if not gpu else 10) if a.gemm else {}
     if peaks:
         gemm_line(peaks, print)
+    if not gpu and not a.smoke:
+        peaks.update(cpu_floor_rates(probe.device))
+        print(f"CPU floor: FMA peak {peaks['fma'] / 1e9:.1f} GFLOP/s (benchmarks/fma_peak.py, "
+              f"{peaks['fma_variant']}); copy bandwidth {peaks['bandwidth'] / 1e9:.1f} GB/s "
+              f"(numpy, 256 MiB read and written)", flush=True)
     if not a.smoke:
         print(compile_line(compile_times(a.device)), flush=True)
     o = Options(a, torch, dev, peaks)
