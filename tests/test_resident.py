@@ -1,6 +1,7 @@
 """Data kept on the device (model.upload, model.train_steps, model.evaluate(data), kn.fit on
 DeviceData): the same results as train_step on the same batches, bit for bit; the batch order;
 the non-finite stop; one read per run; clear refusals before any device work."""
+import gc
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import kilnet as kn
 from kilnet import device_data
 from kilnet.compiler.lower import lower
 from kilnet.policy.target import Target
+from kilnet.runtime import submit
 
 
 def two_in_two_out():
@@ -288,3 +290,36 @@ def test_a_checkpoint_between_runs_resumes_as_if_uninterrupted(tmp_path):
     want = b.train_steps(b.upload(feeds, targets), 4, seed=2)
     np.testing.assert_array_equal(c.train_steps(c.upload(feeds, targets), 4, seed=2), want)
     same_state(c, b)
+
+
+def submit_paths():
+    from kilnet.runtime import device as devmod
+    offers = submit.EXTENSION in devmod.select(None).extensions.split()
+    return [p for p in submit.PATHS if p != "command_buffer" or offers]
+
+
+@pytest.mark.parametrize("path", submit_paths())
+def test_every_submit_path_runs_device_data_and_lets_it_go(monkeypatch, path):
+    # command buffers record [gather, the train launches, record] once and replay it: the data's
+    # buffers are bound to its own kernels, so each upload records its own, released with it
+    monkeypatch.setenv("KILNET_ENQUEUE", path)
+    a, b = pair()
+    assert a._exec.submit.name == path
+    feeds, targets = dataset(10)
+    a.train_step({k: v[:5] for k, v in feeds.items()}, {k: v[:5] for k, v in targets.items()})
+    b.train_step({k: v[:5] for k, v in feeds.items()}, {k: v[:5] for k, v in targets.items()})
+    ex = a._exec
+
+    def kept():
+        return len(ex.bound), len(getattr(ex.submit, "calls", {})), \
+            len(getattr(ex.submit, "items", {})), len(getattr(ex.submit, "buffers", {}))
+    before = kept()
+    for _ in range(3):
+        data = a.upload(feeds, targets)
+        losses = a.train_steps(data, 3)
+        np.testing.assert_array_equal(losses, replay(b, feeds, targets, data.last_batches))
+        same_state(a, b)
+        assert kept() != before
+        del data
+        gc.collect()
+        assert kept() == before

@@ -99,6 +99,13 @@ class Executor:
         self.bound[name or launch.name] = (k, launch.global_size, launch.local_size)
         return k
 
+    def forget(self, names):
+        """Unbind launches ``names`` (bound with ``bind`` under those names) and drop what the
+        submitter kept for them: data kept on the device binds its own, and lets them go."""
+        for name in names:
+            self.bound.pop(name, None)
+        self.submit.forget(names)
+
     def program(self, name, source):
         """A program built (or loaded from the cache) the way the plan's are."""
         return build(self._dc, name, source, (), cache_dir=self.settings.cache,

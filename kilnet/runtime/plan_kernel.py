@@ -88,6 +88,13 @@ class PlanKernelSubmit:
             self._check(key)
             self.checked.add(key)
 
+    def forget(self, names):
+        """Drop the splits of sequences that hold any of launches ``names``."""
+        for key in [k for k in self.items if any(n in k for n in names)]:
+            del self.items[key]
+            self.checked.discard(key)
+        self.inner.forget(names)
+
     def _split(self, launches):
         items, run = [], []
         for launch in launches:

@@ -42,7 +42,7 @@ class DeviceArrays:
             k = ex.bind(launch, cl.Kernel(program, launch.kernel), run.name)
             for j, name in enumerate(res.extra[launch.kernel]):
                 k.set_arg(2 * len(launch.args) + j, buffers[name])
-        weakref.finalize(self, _unbind, ex.bound, (self.gather.name, self.record.name))
+        weakref.finalize(self, ex.forget, (self.gather.name, self.record.name))
         ex.queue.finish()           # the arrays are on the device; the caller may change its own
 
     @property
@@ -112,8 +112,3 @@ class DeviceArrays:
             out.append(a)
         ex.queue.finish()
         return out
-
-
-def _unbind(bound, run_names):
-    for name in run_names:
-        bound.pop(name, None)

@@ -131,6 +131,9 @@ class PyopenclSubmit:
             k, g, loc = self.bound[launch.name]
             self.enqueue(self.queue, k, g, loc)
 
+    def forget(self, names):
+        """Drop what was kept for launches ``names`` (nothing here)."""
+
 
 class CtypesSubmit:
     """Each launch's whole argument list to clEnqueueNDRangeKernel, built once: a call is then
@@ -151,6 +154,11 @@ class CtypesSubmit:
                     None if loc is None else sizes(*loc), ctypes.c_uint(0), None, None))
         self.calls[name] = call
         return call
+
+    def forget(self, names):
+        """Drop the argument lists kept for launches ``names`` (and so their kernels)."""
+        for name in names:
+            self.calls.pop(name, None)
 
     def run(self, launches):
         calls, fn = self.calls, self.fn
@@ -189,6 +197,17 @@ class CommandBufferSubmit(CtypesSubmit):
         code = self.ext.enqueue(0, None, cb, 0, None, None)
         if code:
             check(code, _replay_call(key), self.where)
+
+    def forget(self, names):
+        """Release the recordings of sequences that hold any of launches ``names``."""
+        for key in [k for k in self.buffers if any(n in k for n in names)]:
+            cb = self.buffers.pop(key)
+            event = self.last.pop(key, None)
+            if event is not None:
+                self.release_event(event)
+            self._handles.remove(cb)
+            self.ext.release(cb)
+        super().forget(names)
 
     def _replay_after_previous(self, key, cb):
         """Before 0.9.8, without simultaneous use: the previous replay must have finished."""
