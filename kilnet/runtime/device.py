@@ -22,6 +22,10 @@ import numpy as np
 from ..errors import CompileError
 from ..settings import read as read_settings
 from . import icd
+from .probe import build_and_run as probe_here, first_error_line
+
+# The child process of a probe runs this file as a script (it imports no kilnet).
+PROBE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py")
 
 # CPU implementations, best first. Measured side by side on a 2-core AMD EPYC (Zen 3), W1-W3 of
 # benchmarks/vs_pytorch.py: Intel's runtime ran every train step faster than PoCL (see
@@ -139,39 +143,12 @@ def _save_probe(key, result):
 def build_and_run(device, source=None, shared=False):
     """Build and run the probe kernel on `device` in this process; None if it works, else why.
     ``shared``: on the context and queue every model on the device uses (``context``)."""
-    cl = _cl()
-    source = PROBE_SOURCE if source is None else source
-    try:
-        if shared:
-            ctx, queue, _ = context(device)
-        else:
-            ctx = cl.Context([device])
-            queue = cl.CommandQueue(ctx)
-        with warnings.catch_warnings():        # a successful build's log is noise here
-            warnings.simplefilter("ignore", cl.CompilerWarning)
-            prg = cl.Program(ctx, source).build()
-        x = np.zeros(16, np.float32)
-        buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=x)
-        prg.probe(queue, (16,), (4,), buf, cl.LocalMemory(16))
-        cl.enqueue_copy(queue, x, buf)
-    except Exception as e:     # a build log, an invalid context, a missing library: all say why
-        return _first_error_line(str(e)) or type(e).__name__
-    want = np.tile(np.arange(4, 0, -1, dtype=np.float32), 4)
-    if not np.allclose(x, want):
-        return f"the probe kernel ran but computed {x[:4].tolist()} instead of {want[:4].tolist()}"
-    return None
-
-
-def _first_error_line(text):
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in lines:
-        if "error" in ln.lower() and not ln.lower().startswith(("build on", "(options")):
-            return ln[:300]
-    return lines[0][:300] if lines else ""
+    return probe_here(device, PROBE_SOURCE if source is None else source,
+                      context(device)[:2] if shared else None)
 
 
 def _probe_in_child(pi, di, device):
-    cmd = [sys.executable, "-m", "kilnet.runtime.probe", str(pi), str(di), device.name]
+    cmd = [sys.executable, PROBE_SCRIPT, str(pi), str(di), device.name, read_settings().cache]
     try:
         r = subprocess.run(cmd, input=PROBE_SOURCE, capture_output=True, text=True, timeout=300,
                            env=os.environ.copy())
@@ -183,7 +160,7 @@ def _probe_in_child(pi, di, device):
                 return json.loads(line)["error"]
             except (ValueError, KeyError):
                 break
-    tail = _first_error_line(r.stderr) or f"exit status {r.returncode}"
+    tail = first_error_line(r.stderr) or f"exit status {r.returncode}"
     return f"the probe process died: {tail}"
 
 
