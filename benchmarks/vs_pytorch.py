@@ -266,6 +266,24 @@ def cuda_graph(torch, step, before=lambda: None):
     return graph, out
 
 
+class HostStage:
+    """Host tensors that float32 arrays are copied into (a copy, no conversion) for the device
+    to read: on CUDA pinned buffers, made once, which it reads by DMA; on the CPU the arrays
+    themselves."""
+
+    def __init__(self, torch, dev, arrays):
+        self.torch = torch
+        self.bufs = None if dev == "cpu" else [
+            torch.empty(a.shape, dtype=torch.float32, pin_memory=True) for a in arrays]
+
+    def __call__(self, arrays):
+        if self.bufs is None:
+            return [self.torch.from_numpy(a) for a in arrays]
+        for buf, a in zip(self.bufs, arrays):
+            np.copyto(buf.numpy(), a, casting="no")
+        return self.bufs
+
+
 class TorchSide:
     """One workload in PyTorch: eager with fused Adam, and (CUDA) captured CUDA graphs of the
     whole step: per step from pinned host memory, and resident over device tensors."""
@@ -294,30 +312,10 @@ class TorchSide:
                                      capturable=True)
 
     def stage(self, arrays, key="eager"):
-        """Host tensors holding ``arrays`` (float32 already: a copy, no conversion): on CUDA
-        pinned buffers kept per ``key``, which the device reads by DMA; on the CPU the arrays
-        themselves."""
-        if self.dev == "cpu":
-            return [self.torch.from_numpy(a) for a in arrays]
-        bufs = self.pinned.get(key)
-        if bufs is None:
-            bufs = self.pinned[key] = [self.torch.empty(a.shape, dtype=self.torch.float32,
-                                                        pin_memory=True) for a in arrays]
-        for buf, a in zip(bufs, arrays):
-            np.copyto(buf.numpy(), a, casting="no")
-        return bufs
-
-    @staticmethod
-    def stage_like(torch, dev, a):
-        """A function copying an array shaped like ``a`` into one host tensor (pinned on CUDA)."""
-        if dev == "cpu":
-            return torch.from_numpy
-        buf = torch.empty(a.shape, dtype=torch.float32, pin_memory=True)
-
-        def stage(x):
-            np.copyto(buf.numpy(), x, casting="no")
-            return buf
-        return stage
+        """``arrays`` in host tensors the device reads (HostStage), kept per ``key``."""
+        if key not in self.pinned:
+            self.pinned[key] = HostStage(self.torch, self.dev, arrays)
+        return self.pinned[key](arrays)
 
     def _up(self, arrays):
         return [h.to(self.dev, non_blocking=True) for h in self.stage(arrays)]
@@ -825,7 +823,8 @@ def forward_graph(torch, fwd, xn, dev):
     """The forward pass captured as a CUDA graph: each call copies the input into a pinned host
     buffer, replays (the graph copies it in, non-blocking, and the output out to pinned memory)
     and waits, as kilnet's forward does."""
-    px = torch.empty(xn.shape, dtype=torch.float32, pin_memory=True)
+    stage = HostStage(torch, dev, [xn])
+    (px,) = stage.bufs
     sx = torch.empty(xn.shape, dtype=torch.float32, device=dev)
     with torch.no_grad():
         y = fwd(sx)
@@ -838,7 +837,7 @@ def forward_graph(torch, fwd, xn, dev):
         graph, _ = cuda_graph(torch, step)
 
     def run():
-        np.copyto(px.numpy(), xn, casting="no")
+        stage([xn])
         graph.replay()
         torch.cuda.current_stream().synchronize()
         return py.numpy().copy()
@@ -864,12 +863,12 @@ def run_forward(key, o):
              for k, v in tparams(dict(model.params.items())).items()}
         fwd = tfwd(F, P, training=False)
 
-        host = TorchSide.stage_like(torch, dev, xn)
+        host = HostStage(torch, dev, [xn])
 
         def forward_of(f):
             def run():
                 with torch.no_grad():
-                    return f(host(xn).to(dev, non_blocking=True)).cpu()
+                    return f(host([xn])[0].to(dev, non_blocking=True)).cpu()
             return run
         torch_forward = forward_of(fwd)
         fns.append(torch_forward)

@@ -6,11 +6,11 @@ launch that uses it, so the source a person reads says where it came from.
 import hashlib
 import os
 import re
-import tempfile
 
 import jinja2
 
 from ..kernels.base import TEMPLATES
+from ..runtime import cachefile
 from ..policy.vectors import vector_pieces, widest_vector
 
 
@@ -48,14 +48,7 @@ class TemplateCache(jinja2.BytecodeCache):
             bucket.reset()
 
     def dump_bytecode(self, bucket):
-        try:
-            os.makedirs(self.folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
-                bucket.write_bytecode(f)
-            os.replace(tmp, self._path(bucket))
-        except OSError:
-            pass
+        cachefile.write(self._path(bucket), bucket.bytecode_to_string())
 
 
 def use_cache(folder):

@@ -14,14 +14,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import warnings
 
 import numpy as np
 
 from ..errors import CompileError
 from ..settings import read as read_settings
-from . import icd
+from . import cachefile, icd
 from .probe import build_and_run as probe_here, first_error_line
 
 # The child process of a probe runs this file as a script (it imports no kilnet).
@@ -130,14 +129,7 @@ def _save_probe(key, result):
     path = _probe_file()
     known = _load_probes()
     known[key] = result
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(known, f, indent=1)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    cachefile.write(path, json.dumps(known, indent=1).encode())
 
 
 def build_and_run(device, source=None, shared=False):

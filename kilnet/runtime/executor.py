@@ -75,13 +75,12 @@ class Executor:
         1.3 s. The 36 as
         one program built in 3.5 s instead of 4.8, but then no model would share a program with
         another (the tuner builds a model once per candidate, one kernel's schedule changed)."""
-        plan, settings = self.plan, self.settings
+        plan = self.plan
         pk = plan.plan_kernel.name if plan.plan_kernel is not None else None
 
         def one(name):
-            return build(self._dc, name, plan.sources[name],
-                         plan_kernel_options(self.device) if name == pk else (),
-                         cache_dir=settings.cache, dump=settings.dump_kernels)
+            return self.program(name, plan.sources[name],
+                                plan_kernel_options(self.device) if name == pk else ())
         if pk is None or devmod.implementation(self.device) not in CONCURRENT_BUILDS:
             return {k: one(k) for k in plan.sources}
         with ThreadPoolExecutor(1) as pool:
@@ -106,9 +105,9 @@ class Executor:
             self.bound.pop(name, None)
         self.submit.forget(names)
 
-    def program(self, name, source):
-        """A program built (or loaded from the cache) the way the plan's are."""
-        return build(self._dc, name, source, (), cache_dir=self.settings.cache,
+    def program(self, name, source, options=()):
+        """The program of ``source``, built (or loaded from the cache) with the plan's settings."""
+        return build(self._dc, name, source, options, cache_dir=self.settings.cache,
                      dump=self.settings.dump_kernels)
 
     def resident_program(self):

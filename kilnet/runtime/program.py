@@ -15,10 +15,10 @@ plan's settings say which); an unreadable entry is rebuilt from source and repla
 import hashlib
 import os
 import re
-import tempfile
 import warnings
 
 from ..errors import CompileError
+from . import cachefile
 from .device import implementation
 
 # Implementations whose program binary costs a compile of its own when asked for (PoCL's native
@@ -54,15 +54,10 @@ def _mark(path):
 def _to_disk(cl, program, path):
     try:
         binary = program.get_info(cl.program_info.BINARIES)[0]
-        if not binary:
-            return
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(binary)
-        os.replace(tmp, path)      # readers see the old entry or the whole new one
-    except (OSError, cl.Error):
-        pass                       # a cache that cannot be written only costs time
+    except cl.Error:
+        return                     # a cache that cannot be written only costs time
+    if binary:
+        cachefile.write(path, binary)
 
 
 def build(device_ctx, kname, source, options=(), *, cache_dir, dump=None):
