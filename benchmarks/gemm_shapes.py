@@ -53,18 +53,22 @@ def model_for(shape, device, table):
     rows, n_in, n_out = shape
     g = kn.Graph("mm")
     g.output("y", kn.dense(g.input("x", (n_in,)), n_out, bias=False, name="mm"))
-    old = os.environ.get("KILNET_SCHEDULES")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(table, f)
-    os.environ["KILNET_SCHEDULES"] = f.name
+    # Each product runs as its own launch: through NVIDIA's plan kernel a product would be a
+    # phase of a 132-group launch, timed with that launch's cost.
+    env = {"KILNET_SCHEDULES": f.name, "KILNET_PLAN_KERNEL": "0"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         return kn.compile(g, batch=rows, loss="mse", input_grads=True, device=device)
     finally:
         os.unlink(f.name)
-        if old is None:
-            del os.environ["KILNET_SCHEDULES"]
-        else:
-            os.environ["KILNET_SCHEDULES"] = old
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 def errors(model, shape, rng):

@@ -162,3 +162,21 @@ def test_on_by_default_only_where_the_implementation_runs_it(monkeypatch):
         assert m.plan.plan_kernel is not None and "plan kernel" in m.summary()
     else:
         assert m.plan.plan_kernel is None and "plan kernel" not in m.summary()
+
+
+def test_a_phase_repeated_or_out_of_plan_order_runs_again():
+    """One run of the plan kernel takes its phases once each, in plan order (a bitset), so a
+    sequence that repeats a launch, or goes back in the plan, needs another run. A submitter
+    that folded [a, a] into one run would run a once (benchmarks/gemm_shapes.py timed a launch
+    repeated reps times at 0.000 ms so)."""
+    from types import SimpleNamespace
+    from kilnet.runtime.plan_kernel import PlanKernelSubmit
+    pk = plan_of(qnet_like, GPU).plan_kernel
+    a, b, c = (SimpleNamespace(name=n) for n in list(pk.members)[:3])
+    apart = SimpleNamespace(name="not a phase")
+    fake = SimpleNamespace(pk=pk, _bind=tuple)
+    split = lambda seq: PlanKernelSubmit._split(fake, seq)      # noqa: E731
+    assert split([a, b, c]) == [(a.name, b.name, c.name)]
+    assert split([a, a, a]) == [(a.name,)] * 3
+    assert split([b, a, c]) == [(b.name,), (a.name, c.name)]
+    assert split([a, apart, b, b]) == [(a.name,), apart, (b.name,), (b.name,)]

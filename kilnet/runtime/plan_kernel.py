@@ -96,9 +96,17 @@ class PlanKernelSubmit:
         self.inner.forget(names)
 
     def _split(self, launches):
+        """Items for the inner submitter: each stretch of plan-kernel phases as one bound plan
+        kernel, the rest as they are. A run of the plan kernel takes its phases in plan order,
+        each once (a bitset), so a phase that repeats, or comes before one already in the
+        stretch, starts another run."""
         items, run = [], []
+        index = self.pk.index
         for launch in launches:
-            if launch.name in self.pk.index:
+            if launch.name in index:
+                if run and index[launch.name] <= index[run[-1]]:
+                    items.append(self._bind(run))
+                    run = []
                 run.append(launch.name)
                 continue
             if run:
