@@ -254,6 +254,7 @@ RULES = [
     (r"(kilnet export|cc |\./kilnet_run|mkdir trained|kilnet inspect qnet_bundle)", deploy),
     (r"python benchmarks/vs_pytorch\.py", benchmark("--smoke", r"W2")),
     (r"python benchmarks/fma_peak\.py", benchmark("", r"GFLOP")),
+    (r"python benchmarks/forward_latency\.py", benchmark("--steps 2 --warmup 0", r"cl_trip")),
     (r"python benchmarks/devices_agree\.py", benchmark("--steps 1 --models two_spirals", r"\bok\b")),
     (r"python benchmarks/train_step\.py", benchmark(f"{QUICK} --batches 1", r"train_step")),
 ]
