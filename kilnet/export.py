@@ -41,11 +41,12 @@ from .policy.dtypes import CTYPE
 from .policy.target import Target, vector_bytes_of
 
 FORMAT = "kilnet-bundle"
-VERSION = 1
+VERSION = 2
 TARGETS = ("cpu", "gpu")
 DTYPES = {"float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
 MAX_KERNEL_NAME = 127          # MQL5's CLKernelCreate refuses longer names
-STORED = ("param", "state", "moment1", "moment2")   # arenas whose contents a bundle carries
+STORED = ("param", "state", "moment1", "moment2")
+ACCESS = ("in", "out", "inout")   # arenas whose contents a bundle carries
 TRAIN_PHASES = ("forward", "loss", "backward", "update_state", "optimizer")
 
 
@@ -172,7 +173,7 @@ def build(model, target=None, train=False):
     def args(a):
         """The two slots of a buffer argument (plan.Arg), as plan.json has them."""
         return [{"slot": a.slot, "name": a.pointer_name, "kind": "arena", "arena": a.role,
-                 "buffer": a.buffer, "access": a.access},
+                 "buffer": a.buffer, "access": a.access, "extent": int(a.extent)},
                 {"slot": a.slot + 1, "name": a.offset_name, "kind": "scalar", "type": "uint",
                  "value": int(a.offset), "buffer": a.buffer}]
 
@@ -200,18 +201,32 @@ def build(model, target=None, train=False):
         if train else None,
         "step_scalars": scalars,
     }
-    files["plan.txt"] = plan_text(doc).encode()
-    doc["files"] = {f: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
-                    for f, b in sorted(files.items())}
+    doc["files"] = {f: _sum(b) for f, b in sorted(files.items())}
+    files["plan.json"] = (json.dumps(doc, indent=1) + "\n").encode()
+    files["plan.txt"] = plan_text(doc, _sum(files["plan.json"])).encode()
     return doc, files
 
 
-def plan_text(doc):
+def _sum(data):
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def seal(text):
+    """``text`` (plan.txt up to its seal) with its seal line: the SHA-256 of every byte before
+    it. It finds accidental damage (a bit flipped, a line edited, the file cut short), not a
+    forger, who can seal again."""
+    return f"{text}seal {hashlib.sha256(text.encode()).hexdigest()}\n"
+
+
+def plan_text(doc, plan_json):
     """plan.json as records of whitespace-separated tokens, read by runner/kilnet_run.c.
 
     Arenas, kernels and launches are referred to by their index in their list; names come last
     on a line (they have no spaces). A size or local size always has three numbers (local 0 0 0:
-    none given)."""
+    none given). An arena argument carries its access and extent (the elements from its offset,
+    the next slot's uint, that the kernel may touch). Then every other file of the bundle with
+    its size and SHA-256 (``plan_json``: plan.json's, so that the runner refuses an edited
+    plan.json too), and last the seal (``seal``)."""
     arena = {a["role"]: i for i, a in enumerate(doc["arenas"])}
     kernel = {k["name"]: i for i, k in enumerate(doc["kernels"])}
     out = [f"{FORMAT} {doc['version']}", f"dtype {doc['dtype']}", f"batch {doc['batch']}",
@@ -228,8 +243,8 @@ def plan_text(doc):
                    f"{' '.join(map(str, g))} {' '.join(map(str, loc))} {len(la['args'])} "
                    f"{la['name']}")
         for a in la["args"]:
-            out.append(f"arg {a['slot']} arena {arena[a['arena']]}" if a["kind"] == "arena" else
-                       f"arg {a['slot']} uint {a['value']}")
+            out.append(f"arg {a['slot']} arena {arena[a['arena']]} {a['access']} {a['extent']}"
+                       if a["kind"] == "arena" else f"arg {a['slot']} uint {a['value']}")
     for kind, key in (("input", "inputs"), ("target", "targets"), ("output", "outputs")):
         out.append(f"{kind}s {len(doc[key])}")
         out += [f"{kind} {arena[r['arena']]} {r['offset']} {r['count']} {r['name']}"
@@ -246,8 +261,11 @@ def plan_text(doc):
         out.append("scalars -1 0 none 0 0 0 0")
     for call, seq in doc["calls"].items():
         out.append(f"call {call} {len(seq)} {' '.join(map(str, seq))}".rstrip())
+    files = dict(doc["files"], **{"plan.json": plan_json})
+    out.append(f"files {len(files)}")
+    out += [f"file {f['bytes']} {f['sha256']} {name}" for name, f in sorted(files.items())]
     out.append("end")
-    return "\n".join(out) + "\n"
+    return seal("\n".join(out) + "\n")
 
 
 def export(model, path, target=None, train=False):
@@ -277,7 +295,6 @@ def export(model, path, target=None, train=False):
     if not os.path.isdir(parent):
         raise BundleError(f"export: path {path}: its folder {parent} does not exist")
     doc, files = build(model, target, train)
-    files["plan.json"] = (json.dumps(doc, indent=1) + "\n").encode()
     tmp = old = None
     try:
         tmp = tempfile.mkdtemp(prefix=".kilnet-export-", dir=parent)
@@ -323,18 +340,20 @@ def read(path, check_data=True):
                                                 if os.path.exists(path) else "no such folder"))
     try:
         with open(os.path.join(path, "plan.json"), "rb") as f:
-            doc = json.loads(f.read().decode())
+            raw = f.read()
+        doc = json.loads(raw.decode())
     except FileNotFoundError:
         raise BundleError(f"bundle {path}: plan.json is missing") from None
     except (OSError, ValueError) as e:
         raise BundleError(f"bundle {path}: plan.json is not readable JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise BundleError(f"bundle {path}: plan.json is not a {FORMAT} plan")
-    if not isinstance(doc.get("version"), int) or doc["version"] > VERSION or doc["version"] < 1:
+    if doc.get("version") != VERSION:
         raise BundleError(f"bundle {path}: format version {doc.get('version')!r}; this kilnet reads "
-                          f"version {VERSION}")
+                          f"version {VERSION} (export the model again)")
     try:
         _check(doc)
+        _check_plan_txt(path, doc, raw)
         for name, info in doc["files"].items():
             full = os.path.join(path, name)
             if os.path.basename(name) != name or not os.path.isfile(full):
@@ -353,6 +372,24 @@ def read(path, check_data=True):
     return doc
 
 
+def _check_plan_txt(path, doc, plan_json):
+    """plan.txt, the runner's twin of plan.json, sealed and equal to what plan.json gives."""
+    try:
+        with open(os.path.join(path, "plan.txt"), "rb") as f:
+            text = f.read().decode()
+    except FileNotFoundError:
+        raise BundleError(f"bundle {path}: plan.txt is missing") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BundleError(f"bundle {path}: plan.txt is not readable ({e})") from None
+    body, _, last = text[:-1].rpartition("\n")
+    if seal(body + "\n") != text:
+        raise BundleError(f"bundle {path}: plan.txt is damaged (its seal, the SHA-256 on its last "
+                          f"line, does not match the text before it)")
+    if plan_text(doc, _sum(plan_json)) != text:
+        raise BundleError(f"bundle {path}: plan.txt does not say what plan.json says (one of "
+                          f"them was edited: plan.txt records plan.json's SHA-256)")
+
+
 def _check(doc):
     if doc["dtype"] not in DTYPES:
         raise ValueError(f"dtype {doc['dtype']!r}")
@@ -366,18 +403,32 @@ def _check(doc):
     kernels = {k["name"] for k in doc["kernels"]}
 
     def inside(where, arena, offset, count):
-        if arena not in arenas or not (0 <= offset and offset + count <= arenas[arena]["elements"]):
-            raise ValueError(f"{where}: [{offset}, {offset + count}) is outside arena {arena!r}")
+        if arena not in arenas or not (0 <= offset and 0 <= count and
+                                       offset + count <= arenas[arena]["elements"]):
+            raise ValueError(f"{where}: [{offset}, {offset + count}) is outside arena {arena!r}"
+                             + (f" ({arenas[arena]['elements']} elements)" if arena in arenas
+                                else ""))
     for la in doc["launches"]:
+        where = f"launch {la['name']}"
         if la["kernel"] not in kernels:
-            raise ValueError(f"launch {la['name']}: unknown kernel {la['kernel']!r}")
-        if not 1 <= len(la["global_size"]) <= 3:
-            raise ValueError(f"launch {la['name']}: global size {la['global_size']}")
+            raise ValueError(f"{where}: unknown kernel {la['kernel']!r}")
+        check_sizes(where, la["global_size"], la["local_size"])
+        slots = {a["slot"]: a for a in la["args"]}
+        if sorted(slots) != list(range(len(la["args"]))):
+            raise ValueError(f"{where}: argument slots {sorted(slots)} are not 0..{len(la['args']) - 1}")
         for a in la["args"]:
-            if a["kind"] == "arena":
-                inside(f"launch {la['name']} slot {a['slot']}", a["arena"], 0, 0)
-            elif not (a["type"] == "uint" and 0 <= a["value"] < 2 ** 32):
-                raise ValueError(f"launch {la['name']} slot {a['slot']}: {a}")
+            if a["kind"] == "scalar":
+                if not (a["type"] == "uint" and 0 <= a["value"] < 2 ** 32):
+                    raise ValueError(f"{where} slot {a['slot']}: {a}")
+                continue
+            if a["kind"] != "arena" or a["access"] not in ACCESS:
+                raise ValueError(f"{where} slot {a['slot']}: {a}")
+            off = slots.get(a["slot"] + 1)
+            if off is None or off["kind"] != "scalar":
+                raise ValueError(f"{where} slot {a['slot']}: an arena argument is followed by its "
+                                 f"uint offset")
+            inside(f"{where} slot {a['slot']} (offset {off['value']}, extent {a['extent']})",
+                   a["arena"], off["value"], a["extent"])
     for key in ("inputs", "outputs", "targets"):
         for r in doc[key]:
             inside(f"{key[:-1]} {r['name']}", r["arena"], r["offset"], r["count"])
@@ -386,6 +437,19 @@ def _check(doc):
     for call, seq in doc["calls"].items():
         if any(not 0 <= i < len(doc["launches"]) for i in seq):
             raise ValueError(f"call {call}: launch index out of range")
+
+
+def check_sizes(where, global_size, local_size):
+    """A launch's sizes as OpenCL 1.2 runs them: 1-3 dimensions, each global size at least 1
+    (a 0 would skip the launch), and a local size, where given, that divides it."""
+    if not (1 <= len(global_size) <= 3 and all(isinstance(g, int) and g >= 1 for g in global_size)):
+        raise ValueError(f"{where}: global size {global_size} (each of 1-3 sizes must be >= 1)")
+    if local_size is not None and not (
+            len(local_size) == len(global_size) and
+            all(isinstance(n, int) and n >= 1 and g % n == 0
+                for g, n in zip(global_size, local_size))):
+        raise ValueError(f"{where}: local size {local_size} does not divide global size "
+                         f"{global_size}")
 
 
 # -- views of a bundle (kilnet inspect BUNDLE) -----------------------------------------------

@@ -8,28 +8,43 @@
  * TARGETS.bin may hold several batches one after the other: one train step per batch. Each step
  * prints "step T loss L"; OUTDIR gets the updated arena files (param.bin, state.bin, moment*.bin,
  * the same layout as the bundle's), loss.txt (one loss per step) and step.txt (steps taken in
- * all). The device: KILNET_RUN_DEVICE=P:D (platform, device), else the first GPU, else the first
- * device. It reads plan.txt (the line-oriented twin of plan.json) and kernels.cl.
- * `kilnet_run --about` says which OpenCL declarations it was built with and which loader it opens.
+ * all). `--from DIR` starts from a folder that train wrote (its arena files and step.txt) instead
+ * of the bundle's files, so training resumes where it stopped (Adam's step count included) and
+ * forward runs the trained parameters. `-v` says which device runs it and where the program
+ * came from. The device: KILNET_RUN_DEVICE=P:D (platform, device), else the first GPU, else the
+ * first device. It reads plan.txt (the line-oriented twin of plan.json) and kernels.cl.
+ * `kilnet_run --about` says which OpenCL declarations it was built with and which loader it opens;
+ * `kilnet_run --sha256 FILE...` prints the SHA-256 of each file as sha256sum does.
+ *
+ * Before any device work it checks the bundle: plan.txt's seal (the SHA-256 of the text before
+ * its last line), the size and SHA-256 of every other file it lists (kernels.cl, the .bin files
+ * and plan.json), and every launch against its arenas: each arena argument's offset plus the
+ * extent its kernel may touch lies inside the arena, each global size is at least 1 and each
+ * local size divides it. A built program is kept in BUNDLE/.kilnet_run-cache/, one file per
+ * device and driver with the SHA-256 of its contents, and loaded from there by later runs.
  *
  * Build: cc -std=c99 -O2 -o kilnet_run runner/kilnet_run.c -ldl -lm
  * It needs no OpenCL headers or library to build: it opens the OpenCL ICD loader when it runs
  * (KILNET_OPENCL_LIBRARY names one, else libOpenCL.so.1, else libOpenCL.so; pyopencl's wheel
- * carries one in pyopencl/.libs), and declares the 14 functions it calls itself. Where the
+ * carries one in pyopencl/.libs), and declares the 18 functions it calls itself. Where the
  * compiler finds <CL/cl.h>, it takes the types from there and checks its declarations against
  * the header's prototypes (-DKILNET_OWN_CL ignores the header).
  * Exit status 0 on success, 1 on any error (a message on stderr), 2 on bad usage.
  */
-#define _POSIX_C_SOURCE 200809L     /* setenv, opendir, stat under -std=c99 */
+#define _POSIX_C_SOURCE 200809L     /* setenv, opendir, stat, mkdir, getpid under -std=c99 */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 /* -- the OpenCL API, opened at run time ------------------------------------------------------ */
 #if !defined(KILNET_OWN_CL) && defined(__has_include)
@@ -41,7 +56,6 @@
 #endif
 #endif
 #ifndef KL_SYSTEM_CL
-#include <stdint.h>
 /* The types and constants of the Khronos headers (cl_platform.h, cl.h) that this file uses. */
 typedef int32_t cl_int;
 typedef uint32_t cl_uint;
@@ -53,6 +67,9 @@ typedef cl_bitfield cl_mem_flags;
 typedef cl_bitfield cl_command_queue_properties;
 typedef intptr_t cl_context_properties;
 typedef cl_uint cl_program_build_info;
+typedef cl_uint cl_program_info;
+typedef cl_uint cl_device_info;
+typedef cl_uint cl_platform_info;
 typedef struct _cl_platform_id *cl_platform_id;
 typedef struct _cl_device_id *cl_device_id;
 typedef struct _cl_context *cl_context;
@@ -67,6 +84,14 @@ typedef struct _cl_event *cl_event;
 #define CL_DEVICE_TYPE_ALL 0xFFFFFFFF
 #define CL_MEM_READ_WRITE (1 << 0)
 #define CL_PROGRAM_BUILD_LOG 0x1183
+#define CL_PROGRAM_BINARY_SIZES 0x1165
+#define CL_PROGRAM_BINARIES 0x1166
+#define CL_DEVICE_NAME 0x102B
+#define CL_DEVICE_VERSION 0x102F
+#define CL_DRIVER_VERSION 0x102D
+#define CL_DEVICE_PLATFORM 0x1031
+#define CL_PLATFORM_NAME 0x0902
+#define CL_PLATFORM_VERSION 0x0901
 #endif
 
 /* Every OpenCL function the runner calls: (return type, name, parameter types). */
@@ -89,7 +114,12 @@ typedef struct _cl_event *cl_event;
       const cl_event *, cl_event *)) \
     X(cl_int, clEnqueueWriteBuffer, (cl_command_queue, cl_mem, cl_bool, size_t, size_t, const void *, cl_uint, \
       const cl_event *, cl_event *)) \
-    X(cl_int, clFinish, (cl_command_queue))
+    X(cl_int, clFinish, (cl_command_queue)) \
+    X(cl_int, clGetDeviceInfo, (cl_device_id, cl_device_info, size_t, void *, size_t *)) \
+    X(cl_int, clGetPlatformInfo, (cl_platform_id, cl_platform_info, size_t, void *, size_t *)) \
+    X(cl_int, clGetProgramInfo, (cl_program, cl_program_info, size_t, void *, size_t *)) \
+    X(cl_program, clCreateProgramWithBinary, (cl_context, cl_uint, const cl_device_id *, const size_t *, \
+      const unsigned char **, cl_int *, cl_int *))
 
 #define KL_POINTER(ret, name, params) static ret (*kl_##name) params;
 KL_CL_FUNCTIONS(KL_POINTER)
@@ -116,6 +146,10 @@ KL_CL_FUNCTIONS(KL_SAME)
 #define clEnqueueReadBuffer kl_clEnqueueReadBuffer
 #define clEnqueueWriteBuffer kl_clEnqueueWriteBuffer
 #define clFinish kl_clFinish
+#define clGetDeviceInfo kl_clGetDeviceInfo
+#define clGetPlatformInfo kl_clGetPlatformInfo
+#define clGetProgramInfo kl_clGetProgramInfo
+#define clCreateProgramWithBinary kl_clCreateProgramWithBinary
 
 static const char *const kl_loaders[] = {"libOpenCL.so.1", "libOpenCL.so"};
 static const char *loader_name = "(none)";
@@ -166,23 +200,77 @@ static const char *open_opencl(char *why, size_t size) {
     return tried[i - 1];
 }
 
-#define FORMAT_VERSION 1
+#define FORMAT_VERSION 2
 #define NAME 256
 
+/* -- SHA-256 (FIPS 180-4), for the sums plan.txt records and the program cache ------------- */
+typedef struct { uint32_t h[8]; uint64_t bytes; unsigned char buf[64]; size_t used; } Sha256;
+static const uint32_t sha_k[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+static void sha_block(Sha256 *s, const unsigned char *p) {
+    uint32_t w[64], a, b, c, d, e, f, g, h, t1, t2; int i;
+    for (i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (i = 16; i < 64; i++)
+        w[i] = w[i - 16] + (ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3)) + w[i - 7]
+             + (ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10));
+    a = s->h[0]; b = s->h[1]; c = s->h[2]; d = s->h[3]; e = s->h[4]; f = s->h[5]; g = s->h[6]; h = s->h[7];
+    for (i = 0; i < 64; i++) {
+        t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + sha_k[i] + w[i];
+        t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    s->h[0] += a; s->h[1] += b; s->h[2] += c; s->h[3] += d; s->h[4] += e; s->h[5] += f; s->h[6] += g; s->h[7] += h;
+}
+static void sha_init(Sha256 *s) {
+    static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    memcpy(s->h, h0, sizeof h0); s->bytes = 0; s->used = 0;
+}
+static void sha_add(Sha256 *s, const void *data, size_t n) {
+    const unsigned char *p = data;
+    s->bytes += n;
+    while (n) {
+        size_t take = 64 - s->used < n ? 64 - s->used : n;
+        memcpy(s->buf + s->used, p, take); s->used += take; p += take; n -= take;
+        if (s->used == 64) { sha_block(s, s->buf); s->used = 0; }
+    }
+}
+static void sha_hex(Sha256 *s, char out[65]) {           /* finishes s */
+    unsigned char pad[72] = {0x80}, len[8]; uint64_t bits = s->bytes * 8; int i;
+    size_t padn = (s->used < 56 ? 56 : 120) - s->used;
+    for (i = 0; i < 8; i++) len[i] = (unsigned char)(bits >> (56 - 8 * i));
+    sha_add(s, pad, padn); sha_add(s, len, 8);
+    for (i = 0; i < 8; i++) sprintf(out + 8 * i, "%08x", (unsigned)s->h[i]);
+}
+static void sha256_hex(const void *data, size_t n, char out[65]) {
+    Sha256 s; sha_init(&s); sha_add(&s, data, n); sha_hex(&s, out);
+}
+
 typedef struct { size_t elements; char file[NAME], role[NAME]; cl_mem mem; } Arena;
-typedef struct { int slot, is_arena; unsigned long value; } Arg;
+typedef struct { int slot, is_arena; unsigned long value, extent; char access[8]; } Arg;
 typedef struct { int kernel, dims, nargs; size_t g[3], l[3]; Arg *args; char name[NAME]; cl_kernel k; } Launch;
 typedef struct { int arena; size_t offset, count; char name[NAME]; } Region;
 typedef struct { char name[NAME]; int n; int *seq; } Call;
+typedef struct { size_t bytes; char sha[65], name[NAME]; } Sum;
 
-static const char *bundle;
-static FILE *pf;
-static char tok[4096];
+static const char *bundle, *from_dir;
+static int verbose;
+static char *ptext; static size_t ppos, plen;     /* plan.txt, up to its seal line */
+static char tok[4096], seal_hex[65];
 static int item;                                   /* bytes per element: 4 or 8 */
 static char source[NAME], opt[NAME];
-static int narenas, nkernels, nlaunches, nio[3], nloss, ncalls, scal_arena = -1;
+static int narenas, nkernels, nlaunches, nio[3], nloss, ncalls, nsums, scal_arena = -1;
 static Arena *arenas; static char (*kernels)[NAME]; static Launch *launches;
-static Region *io[3], *loss; static Call calls[4];
+static Region *io[3], *loss; static Call calls[4]; static Sum *sums;
 static size_t batch, scal_offset; static double lr, b1, b2; static unsigned long step0;
 
 static void die(const char *fmt, ...) {
@@ -195,6 +283,11 @@ static void die_cl(cl_int code, const char *fmt, ...) {
     fprintf(stderr, "kilnet_run: "); vfprintf(stderr, fmt, ap); fprintf(stderr, " (OpenCL error %d)\n", code);
     va_end(ap); exit(1);
 }
+static void say(const char *fmt, ...) {
+    va_list ap;
+    if (!verbose) return;
+    va_start(ap, fmt); fprintf(stderr, "kilnet_run: "); vfprintf(stderr, fmt, ap); fputc('\n', stderr); va_end(ap);
+}
 #define CHECK(call, ...) do { cl_int e_ = (call); if (e_ != CL_SUCCESS) die_cl(e_, __VA_ARGS__); } while (0)
 
 static void *xcalloc(size_t n, size_t size) {
@@ -203,10 +296,45 @@ static void *xcalloc(size_t n, size_t size) {
     return p;
 }
 
+/* -- files -------------------------------------------------------------------------------- */
+/* The whole file, with a 0 after it; NULL (errno set) when it cannot be read. */
+static char *try_read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb"); char *data; long n = 0;
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET)) { fclose(f); return NULL; }
+    data = xcalloc((size_t)n + 1, 1);
+    if (fread(data, 1, (size_t)n, f) != (size_t)n) { fclose(f); free(data); errno = EIO; return NULL; }
+    fclose(f); *size = (size_t)n; return data;
+}
+static char *read_file(const char *path, size_t *size) {
+    char *data = try_read_file(path, size);
+    if (!data) die("cannot read %s (%s)", path, strerror(errno));
+    return data;
+}
+/* Written whole or not at all: a temporary file beside it, renamed onto it. */
+static int try_write_file(const char *path, const void *data, size_t size) {
+    char tmp[4200]; FILE *f;
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
+    if (!(f = fopen(tmp, "wb"))) return 0;
+    if (fwrite(data, 1, size, f) != size) { fclose(f); remove(tmp); return 0; }
+    if (fclose(f) || rename(tmp, path)) { remove(tmp); return 0; }
+    return 1;
+}
+static void write_file(const char *path, const void *data, size_t size) {
+    if (!try_write_file(path, data, size)) die("cannot write %s (%s)", path, strerror(errno));
+}
+
 /* -- plan.txt: whitespace-separated tokens, records start with a keyword ------------------- */
 static const char *next(void) {
-    if (fscanf(pf, "%4095s", tok) != 1) die("bundle %s: plan.txt ends early (truncated?)", bundle);
-    return tok;
+    size_t n = 0;
+    while (ppos < plen && strchr(" \t\r\n", ptext[ppos])) ppos++;
+    if (ppos >= plen) die("bundle %s: plan.txt ends early (truncated?)", bundle);
+    while (ppos < plen && !strchr(" \t\r\n", ptext[ppos])) {
+        if (n == sizeof tok - 1) die("bundle %s: plan.txt is malformed: a token of over %lu characters",
+                                     bundle, (unsigned long)n);
+        tok[n++] = ptext[ppos++];
+    }
+    tok[n] = 0; return tok;
 }
 static void expect(const char *kw) {
     if (strcmp(next(), kw)) die("bundle %s: plan.txt is malformed: expected '%s', found '%.60s'",
@@ -215,7 +343,7 @@ static void expect(const char *kw) {
 static unsigned long num(const char *what, unsigned long max) {
     char *end; unsigned long v;
     next(); errno = 0; v = strtoul(tok, &end, 10);
-    if (tok[0] == '-' || *end || errno || v > max)
+    if (tok[0] == '-' || tok[0] == '+' || *end || errno || v > max)
         die("bundle %s: plan.txt is malformed: %s '%.60s' is not a whole number <= %lu",
             bundle, what, tok, max);
     return v;
@@ -229,24 +357,80 @@ static void name(char *dst) {
     next(); if (strlen(tok) >= NAME) die("bundle %s: plan.txt: name too long: %.60s...", bundle, tok);
     strcpy(dst, tok);
 }
+static void inside(const char *what, const char *which, int arena, unsigned long offset, unsigned long count) {
+    if (offset > arenas[arena].elements || count > arenas[arena].elements - offset)
+        die("bundle %s: plan.txt: %s %s [%lu, %lu) lies outside arena %s (%lu elements)", bundle,
+            what, which, offset, offset + count, arenas[arena].role, (unsigned long)arenas[arena].elements);
+}
 static void region(Region *r, const char *what) {
     r->arena = (int)num(what, (unsigned long)narenas - 1);
     r->offset = num(what, 0xFFFFFFFFul); r->count = num(what, 0xFFFFFFFFul); name(r->name);
-    if (r->offset + r->count > arenas[r->arena].elements)
-        die("bundle %s: plan.txt: %s %s [%lu, %lu) lies outside arena %s (%lu elements)", bundle,
-            what, r->name, (unsigned long)r->offset, (unsigned long)(r->offset + r->count),
-            arenas[r->arena].role, (unsigned long)arenas[r->arena].elements);
+    inside(what, r->name, r->arena, r->offset, r->count);
+}
+static void is_hex64(const char *s, const char *what) {
+    if (strlen(s) != 64 || strspn(s, "0123456789abcdef") != 64)
+        die("bundle %s: plan.txt is malformed: %s '%.70s' is not a SHA-256 in hex", bundle, what, s);
+}
+/* Each argument slot once; each arena argument followed by its uint offset, which with the
+   extent the kernel may touch lies inside the arena; sizes that OpenCL runs as planned. */
+static void check_launch(Launch *L) {
+    int a, b, j;
+    for (j = 0; j < L->dims; j++) {
+        if (L->g[j] == 0) die("bundle %s: plan.txt: launch %s: global size %lu in dimension %d "
+                              "(each must be at least 1)", bundle, L->name, (unsigned long)L->g[j], j);
+        if (L->l[0] && (L->l[j] == 0 || L->g[j] % L->l[j]))
+            die("bundle %s: plan.txt: launch %s: local size %lu does not divide global size %lu in "
+                "dimension %d", bundle, L->name, (unsigned long)L->l[j], (unsigned long)L->g[j], j);
+    }
+    for (a = 0; a < L->nargs; a++) {
+        if (L->args[a].slot >= L->nargs) die("bundle %s: plan.txt: launch %s: slot %d of %d arguments",
+                                             bundle, L->name, L->args[a].slot, L->nargs);
+        for (b = 0; b < a; b++)
+            if (L->args[b].slot == L->args[a].slot)
+                die("bundle %s: plan.txt: launch %s: slot %d twice", bundle, L->name, L->args[a].slot);
+    }
+    for (a = 0; a < L->nargs; a++) {
+        Arg *A = &L->args[a], *off = NULL;
+        if (!A->is_arena) continue;
+        for (b = 0; b < L->nargs; b++) if (L->args[b].slot == A->slot + 1 && !L->args[b].is_arena) off = &L->args[b];
+        if (!off) die("bundle %s: plan.txt: launch %s: the arena argument in slot %d has no uint offset "
+                      "in slot %d", bundle, L->name, A->slot, A->slot + 1);
+        {
+            char what[NAME + 64];
+            snprintf(what, sizeof what, "launch %s slot %d (%s, extent %lu)", L->name, A->slot, A->access, A->extent);
+            if (off->value > arenas[A->value].elements || A->extent > arenas[A->value].elements - off->value)
+                die("bundle %s: plan.txt: %s: [%lu, %lu) lies outside arena %s (%lu elements)", bundle, what,
+                    off->value, off->value + A->extent, arenas[A->value].role, (unsigned long)arenas[A->value].elements);
+        }
+    }
+}
+
+/* plan.txt whole: its header, then its seal (the SHA-256 of every byte before its last line). */
+static void open_plan(void) {
+    char path[4096], hex[65]; size_t n, last; int v;
+    snprintf(path, sizeof path, "%s/plan.txt", bundle);
+    if (!(ptext = try_read_file(path, &n))) die("bundle %s: cannot open plan.txt (%s)", bundle, strerror(errno));
+    ppos = 0; plen = n;
+    if (strcmp(next(), "kilnet-bundle")) die("bundle %s: plan.txt is not a kilnet bundle plan", bundle);
+    v = (int)num("format version", 1000000);
+    if (v > FORMAT_VERSION) die("bundle %s: format version %d is newer than this runner reads (%d); "
+                                "rebuild kilnet_run from the kilnet that exported it", bundle, v, FORMAT_VERSION);
+    if (v < FORMAT_VERSION) die("bundle %s: format version %d is older than this runner reads (%d); "
+                                "export the model again", bundle, v, FORMAT_VERSION);
+    for (last = n >= 2 ? n - 2 : 0; last > 0 && ptext[last - 1] != '\n'; last--) {}
+    if (n < 2 || ptext[n - 1] != '\n' || strncmp(ptext + last, "seal ", 5) || n - last != 5 + 64 + 1)
+        die("bundle %s: plan.txt is damaged: it does not end with its seal line (truncated?)", bundle);
+    memcpy(seal_hex, ptext + last + 5, 64); seal_hex[64] = 0;
+    sha256_hex(ptext, last, hex);
+    if (strcmp(hex, seal_hex))
+        die("bundle %s: plan.txt is damaged: its seal (the SHA-256 on its last line) does not match "
+            "the text before it", bundle);
+    plen = last;
 }
 
 static void load_plan(void) {
-    char path[4096]; int i, j, a;
-    snprintf(path, sizeof path, "%s/plan.txt", bundle);
-    if (!(pf = fopen(path, "r"))) die("bundle %s: cannot open plan.txt (%s)", bundle, strerror(errno));
-    if (strcmp(next(), "kilnet-bundle")) die("bundle %s: plan.txt is not a kilnet bundle plan", bundle);
-    i = (int)num("format version", 1000000);
-    if (i > FORMAT_VERSION) die("bundle %s: format version %d is newer than this runner reads (%d); "
-                                "rebuild kilnet_run from the kilnet that exported it", bundle, i, FORMAT_VERSION);
-    if (i < 1) die("bundle %s: format version %d is not valid", bundle, i);
+    int i, j, a;
+    open_plan();
     expect("dtype"); next();
     if (!strcmp(tok, "float32")) item = 4; else if (!strcmp(tok, "float64")) item = 8;
     else die("bundle %s: plan.txt: unknown dtype '%.60s'", bundle, tok);
@@ -273,13 +457,21 @@ static void load_plan(void) {
         L->nargs = (int)num("argument count", 1024); name(L->name);
         L->args = xcalloc(L->nargs, sizeof *L->args);
         for (a = 0; a < L->nargs; a++) {
-            expect("arg"); L->args[a].slot = (int)num("slot", 1023); next();
+            Arg *A = &L->args[a];
+            expect("arg"); A->slot = (int)num("slot", 1023); next();
             if (!strcmp(tok, "arena")) {
-                L->args[a].is_arena = 1; L->args[a].value = num("arena index", (unsigned long)narenas - 1);
+                A->is_arena = 1; A->value = num("arena index", (unsigned long)narenas - 1);
+                next();
+                if (strcmp(tok, "in") && strcmp(tok, "out") && strcmp(tok, "inout"))
+                    die("bundle %s: plan.txt: launch %s slot %d: access '%.60s' is not in, out or inout",
+                        bundle, L->name, A->slot, tok);
+                strcpy(A->access, tok);
+                A->extent = num("extent", 0xFFFFFFFFul);
             } else if (!strcmp(tok, "uint")) {
-                L->args[a].value = num("uint argument", 0xFFFFFFFFul);
+                A->value = num("uint argument", 0xFFFFFFFFul);
             } else die("bundle %s: plan.txt: launch %s: unknown argument kind '%.60s'", bundle, L->name, tok);
         }
+        check_launch(L);
     }
     {
         static const char *kinds[3] = {"input", "target", "output"};
@@ -294,9 +486,8 @@ static void load_plan(void) {
     for (i = 0; i < nloss; i++) {
         expect("loss"); loss[i].arena = (int)num("loss arena", (unsigned long)narenas - 1);
         loss[i].offset = num("loss offset", 0xFFFFFFFFul); loss[i].count = num("loss count", 0xFFFFFFFFul);
-        strcpy(loss[i].name, "loss");
-        if (loss[i].offset + loss[i].count > arenas[loss[i].arena].elements)
-            die("bundle %s: plan.txt: a loss part lies outside its arena", bundle);
+        strcpy(loss[i].name, "part");
+        inside("loss", loss[i].name, loss[i].arena, loss[i].offset, loss[i].count);
     }
     expect("scalars"); next();
     if (strcmp(tok, "-1")) {
@@ -305,31 +496,48 @@ static void load_plan(void) {
     }
     scal_offset = num("scalars offset", 0xFFFFFFFFul); name(opt);
     lr = real("lr"); b1 = real("b1"); b2 = real("b2"); step0 = num("step", 0xFFFFFFFFul);
-    if (scal_arena >= 0 && scal_offset + 4 > arenas[scal_arena].elements)
-        die("bundle %s: plan.txt: the step scalars lie outside their arena", bundle);
+    if (scal_arena >= 0) inside("step scalars", opt, scal_arena, scal_offset, 4);
     if (scal_arena >= 0 && strcmp(opt, "adam") && strcmp(opt, "sgd"))
         die("bundle %s: plan.txt: unknown optimizer '%s'", bundle, opt);
-    for (ncalls = 0; strcmp(next(), "end"); ncalls++) {
+    for (ncalls = 0; strcmp(next(), "files"); ncalls++) {
         Call *c = &calls[ncalls];
-        if (strcmp(tok, "call") || ncalls == 4) die("bundle %s: plan.txt is malformed: expected 'call' or 'end', found '%.60s'", bundle, tok);
+        if (strcmp(tok, "call") || ncalls == 4) die("bundle %s: plan.txt is malformed: expected 'call' or 'files', found '%.60s'", bundle, tok);
         name(c->name); c->n = (int)num("call length", 1000000); c->seq = xcalloc(c->n, sizeof(int));
         for (i = 0; i < c->n; i++) c->seq[i] = (int)num("launch index", (unsigned long)nlaunches - 1);
     }
-    fclose(pf);
+    nsums = (int)num("file count", 64); sums = xcalloc(nsums, sizeof *sums);
+    for (i = 0; i < nsums; i++) {
+        expect("file"); sums[i].bytes = num("file size", 0xFFFFFFFFul); next(); is_hex64(tok, "SHA-256");
+        strcpy(sums[i].sha, tok); name(sums[i].name);
+        if (strchr(sums[i].name, '/') || strchr(sums[i].name, '\\') || !strcmp(sums[i].name, "plan.txt"))
+            die("bundle %s: plan.txt: file name %s is not a file of the bundle", bundle, sums[i].name);
+    }
+    expect("end");
+    if (ppos < plen && strspn(ptext + ppos, " \t\r\n") != plen - ppos)
+        die("bundle %s: plan.txt is malformed: text after 'end'", bundle);
 }
 
-/* -- files -------------------------------------------------------------------------------- */
-static char *read_file(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb"); char *data; long n = 0;
-    if (!f) die("cannot open %s (%s)", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET)) die("cannot read %s", path);
-    data = xcalloc((size_t)n + 1, 1);
-    if (fread(data, 1, (size_t)n, f) != (size_t)n) die("cannot read %s", path);
-    fclose(f); *size = (size_t)n; return data;
+static const Sum *sum_of(const char *file) {
+    int i;
+    for (i = 0; i < nsums; i++) if (!strcmp(sums[i].name, file)) return &sums[i];
+    die("bundle %s: plan.txt records no SHA-256 for %s", bundle, file); return NULL;
 }
-static void write_file(const char *path, const void *data, size_t size) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, size, f) != size || fclose(f)) die("cannot write %s (%s)", path, strerror(errno));
+/* Every file plan.txt lists, whole and unchanged: its size and SHA-256. */
+static void check_files(void) {
+    char path[4096], hex[65]; size_t n; int i; char *data;
+    sum_of(source);
+    for (i = 0; i < narenas; i++) if (strcmp(arenas[i].file, "-")) sum_of(arenas[i].file);
+    for (i = 0; i < nsums; i++) {
+        snprintf(path, sizeof path, "%s/%s", bundle, sums[i].name);
+        if (!(data = try_read_file(path, &n))) die("bundle %s: %s is missing or unreadable (%s)", bundle, sums[i].name, strerror(errno));
+        if (n != sums[i].bytes) die("bundle %s: %s has %lu bytes; plan.txt says %lu", bundle, sums[i].name,
+                                    (unsigned long)n, (unsigned long)sums[i].bytes);
+        sha256_hex(data, n, hex); free(data);
+        if (strcmp(hex, sums[i].sha))
+            die("bundle %s: %s is damaged (its SHA-256 does not match plan.txt's)%s", bundle, sums[i].name,
+                strstr(sums[i].name, ".bin") ? "; to run from trained files, pass --from the folder "
+                                               "that train wrote instead of copying them into the bundle" : "");
+    }
 }
 
 /* -- OpenCL ------------------------------------------------------------------------------- */
@@ -355,6 +563,89 @@ static cl_device_id pick_device(void) {
     for (p = 0; p < np; p++)
         if (clGetDeviceIDs(ps[p], CL_DEVICE_TYPE_ALL, 1, ds, &nd) == CL_SUCCESS && nd) return ds[0];
     die("OpenCL reports no device"); return 0;
+}
+
+/* A device in words, and the identity of its program binaries: platform, device and driver. */
+static void info_str(cl_int (*get)(void *, cl_uint, size_t, void *, size_t *), void *obj, cl_uint what,
+                     char *out, size_t size) {
+    out[0] = 0;
+    if (get(obj, what, size - 1, out, NULL) != CL_SUCCESS) strcpy(out, "?");
+    out[size - 1] = 0;
+}
+static cl_int device_info(void *d, cl_uint w, size_t n, void *v, size_t *r) { return clGetDeviceInfo((cl_device_id)d, w, n, v, r); }
+static cl_int platform_info(void *p, cl_uint w, size_t n, void *v, size_t *r) { return clGetPlatformInfo((cl_platform_id)p, w, n, v, r); }
+static char dev_words[1200], cache_key[65];
+static void describe_device(cl_device_id dev) {
+    char pname[256], pver[256], dname[256], dver[256], driver[256], ident[1400]; cl_platform_id plat = NULL;
+    info_str(device_info, dev, CL_DEVICE_NAME, dname, sizeof dname);
+    info_str(device_info, dev, CL_DEVICE_VERSION, dver, sizeof dver);
+    info_str(device_info, dev, CL_DRIVER_VERSION, driver, sizeof driver);
+    if (clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof plat, &plat, NULL) != CL_SUCCESS) plat = NULL;
+    if (plat) {
+        info_str(platform_info, plat, CL_PLATFORM_NAME, pname, sizeof pname);
+        info_str(platform_info, plat, CL_PLATFORM_VERSION, pver, sizeof pver);
+    } else { strcpy(pname, "?"); strcpy(pver, "?"); }
+    snprintf(dev_words, sizeof dev_words, "%s (%s, %s, driver %s)", dname, pname, dver, driver);
+    snprintf(ident, sizeof ident, "kilnet_run program 1\n%s\n%s\n%s\n%s\n%s\n%s\n", seal_hex, pname, pver,
+             dname, dver, driver);
+    sha256_hex(ident, strlen(ident), cache_key);
+}
+
+/* The program cache: BUNDLE/.kilnet_run-cache/<key>.bin, key = SHA-256 of the plan's seal (which
+   covers kernels.cl's SHA-256), platform, device and driver; the file is a line
+   "kilnet-binary <SHA-256 of the binary>" and the binary. Anything wrong with it: built again. */
+#define CACHE_DIR ".kilnet_run-cache"
+static void cache_path(char *path, size_t size) {
+    snprintf(path, size, "%s/" CACHE_DIR "/%s.bin", bundle, cache_key);
+}
+static cl_program cached_program(cl_context ctx, cl_device_id dev) {
+    char path[4096], hex[65]; size_t n, len; char *data; const unsigned char *bin; cl_int err, status;
+    cl_program prog;
+    cache_path(path, sizeof path);
+    if (!(data = try_read_file(path, &n))) { say("no cached program (%s): building %s", path, source); return NULL; }
+    if (n < 14 + 64 + 1 || strncmp(data, "kilnet-binary ", 14) || data[14 + 64] != '\n') {
+        say("cached program %s is not one: building %s", path, source); free(data); return NULL;
+    }
+    bin = (const unsigned char *)data + 14 + 64 + 1; len = n - (14 + 64 + 1);
+    sha256_hex(bin, len, hex);
+    if (strncmp(hex, data + 14, 64)) { say("cached program %s is damaged: building %s", path, source); free(data); return NULL; }
+    prog = clCreateProgramWithBinary(ctx, 1, &dev, &len, &bin, &status, &err);
+    free(data);
+    if (err != CL_SUCCESS || status != CL_SUCCESS) { say("the driver refused cached program %s (%d): building %s", path, (int)err, source); return NULL; }
+    if (clBuildProgram(prog, 1, &dev, "", NULL, NULL) != CL_SUCCESS) { say("cached program %s did not build: building %s", path, source); return NULL; }
+    say("program from the cache (%s)", path);
+    return prog;
+}
+static void cache_program(cl_program prog) {
+    char path[4096], hex[65], head[14 + 64 + 2]; size_t len = 0; unsigned char *bin; char *file;
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof len, &len, NULL) != CL_SUCCESS || !len) {
+        say("the driver gives no program binary: nothing cached"); return;
+    }
+    bin = xcalloc(len, 1);
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) != CL_SUCCESS) {
+        say("the driver gives no program binary: nothing cached"); free(bin); return;
+    }
+    sha256_hex(bin, len, hex);
+    snprintf(head, sizeof head, "kilnet-binary %s\n", hex);
+    file = xcalloc(len + sizeof head, 1);
+    memcpy(file, head, 14 + 64 + 1); memcpy(file + 14 + 64 + 1, bin, len);
+    snprintf(path, sizeof path, "%s/" CACHE_DIR, bundle);
+    mkdir(path, 0777);
+    cache_path(path, sizeof path);
+    if (try_write_file(path, file, len + 14 + 64 + 1)) say("program cached in %s (%lu bytes)", path, (unsigned long)len);
+    else say("cannot cache the program in %s (%s)", path, strerror(errno));
+    free(file); free(bin);
+}
+
+/* --from DIR: the arena files and step.txt of a folder that train wrote. */
+static unsigned long from_step(void) {
+    char path[4096], *text, *end; size_t n; unsigned long v;
+    snprintf(path, sizeof path, "%s/step.txt", from_dir);
+    if (!(text = try_read_file(path, &n))) die("--from %s: cannot read step.txt (%s)", from_dir, strerror(errno));
+    errno = 0; v = strtoul(text, &end, 10);
+    if (!n || text[0] < '0' || text[0] > '9' || errno || (*end && strcmp(end, "\n")))
+        die("--from %s: step.txt must hold one whole number, got '%.40s'", from_dir, text);
+    free(text); return v;
 }
 
 static cl_command_queue queue;
@@ -384,8 +675,8 @@ static char *read_batches(const char *path, int j, size_t *nbatch) {
 static void upload(char *data, int j) { int i; for (i = 0; i < nio[j]; i++) { transfer(&io[j][i], data, 1); data += io[j][i].count * item; } }
 
 int main(int argc, char **argv) {
-    cl_device_id dev; cl_context ctx; cl_program prog; cl_int err; char path[4096], *src; size_t n; int i, a;
-    const char *loader;
+    cl_device_id dev; cl_context ctx; cl_program prog; cl_int err; char path[4096], *src; size_t n; int i, a, np = 0;
+    const char *loader, *pos[6]; int built = 0;
     if (argc == 2 && !strcmp(argv[1], "--about")) {
         find_kilnet_vendors();
         loader = open_opencl(path, sizeof path);
@@ -394,34 +685,54 @@ int main(int argc, char **argv) {
                getenv("OCL_ICD_VENDORS") ? getenv("OCL_ICD_VENDORS") : "/etc/OpenCL/vendors");
         return loader ? 0 : 1;
     }
-    if (argc < 3 || !((!strcmp(argv[2], "forward") && argc == 5) || (!strcmp(argv[2], "train") && argc == 6))) {
-        fprintf(stderr, "usage: kilnet_run BUNDLE forward INPUTS.bin OUTPUTS.bin\n"
-                        "       kilnet_run BUNDLE train INPUTS.bin TARGETS.bin OUTDIR\n");
+    if (argc >= 3 && !strcmp(argv[1], "--sha256")) {
+        char hex[65];
+        for (i = 2; i < argc; i++) { src = read_file(argv[i], &n); sha256_hex(src, n, hex); printf("%s  %s\n", hex, argv[i]); free(src); }
+        return 0;
+    }
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-v")) verbose = 1;
+        else if (!strcmp(argv[i], "--from") && i + 1 < argc) from_dir = argv[++i];
+        else if (np < 6) pos[np++] = argv[i];
+        else { np = 0; break; }
+    }
+    if (np < 2 || !((!strcmp(pos[1], "forward") && np == 4) || (!strcmp(pos[1], "train") && np == 5))) {
+        fprintf(stderr, "usage: kilnet_run [-v] BUNDLE forward INPUTS.bin OUTPUTS.bin [--from DIR]\n"
+                        "       kilnet_run [-v] BUNDLE train INPUTS.bin TARGETS.bin OUTDIR [--from DIR]\n"
+                        "       kilnet_run --about | --sha256 FILE...\n");
         return 2;
     }
-    bundle = argv[1];
+    bundle = pos[0];
     load_plan();
+    check_files();
+    if (from_dir) step0 = from_step();
     find_kilnet_vendors();
     if (!(loader_name = open_opencl(path, sizeof path))) die("%s", path);
     dev = pick_device();
+    describe_device(dev);
+    say("device %s", dev_words);
     ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err); CHECK(err, "cannot create a context");
     queue = clCreateCommandQueue(ctx, dev, 0, &err); CHECK(err, "cannot create a command queue");
-    snprintf(path, sizeof path, "%s/%s", bundle, source);
-    src = read_file(path, &n);
-    prog = clCreateProgramWithSource(ctx, 1, (const char **)&src, &n, &err); CHECK(err, "cannot create the program");
-    if (clBuildProgram(prog, 1, &dev, "", NULL, NULL) != CL_SUCCESS) {
-        char log[16384] = ""; clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
-        die("%s does not build on this device:\n%s", path, log);
+    if (!(prog = cached_program(ctx, dev))) {
+        clock_t t0 = clock();
+        snprintf(path, sizeof path, "%s/%s", bundle, source);
+        src = read_file(path, &n);
+        prog = clCreateProgramWithSource(ctx, 1, (const char **)&src, &n, &err); CHECK(err, "cannot create the program");
+        if (clBuildProgram(prog, 1, &dev, "", NULL, NULL) != CL_SUCCESS) {
+            char log[16384] = ""; clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
+            die("%s does not build on this device:\n%s", path, log);
+        }
+        free(src); built = 1;
+        say("built %s in %.2f s of processor time", source, (double)(clock() - t0) / CLOCKS_PER_SEC);
     }
     for (i = 0; i < narenas; i++) {
         Arena *A = &arenas[i]; char *data; size_t size = A->elements * item;
         A->mem = clCreateBuffer(ctx, CL_MEM_READ_WRITE, size ? size : (size_t)item, NULL, &err);
         CHECK(err, "cannot allocate arena %s (%lu bytes)", A->role, (unsigned long)size);
         if (strcmp(A->file, "-")) {
-            snprintf(path, sizeof path, "%s/%s", bundle, A->file);
+            snprintf(path, sizeof path, "%s/%s", from_dir ? from_dir : bundle, A->file);
             data = read_file(path, &n);
-            if (n != size) die("bundle %s: %s has %lu bytes; arena %s needs %lu", bundle, A->file,
-                               (unsigned long)n, A->role, (unsigned long)size);
+            if (n != size) die("%s has %lu bytes; arena %s needs %lu", path, (unsigned long)n, A->role, (unsigned long)size);
         } else data = xcalloc(size, 1);
         if (size) CHECK(clEnqueueWriteBuffer(queue, A->mem, CL_TRUE, 0, size, data, 0, NULL, NULL), "write of arena %s", A->role);
         free(data);
@@ -435,20 +746,20 @@ int main(int argc, char **argv) {
             else CHECK(clSetKernelArg(L->k, g->slot, sizeof v, &v), "launch %s: slot %d", L->name, g->slot);
         }
     }
-    if (!strcmp(argv[2], "forward")) {
-        size_t k; char *in = read_batches(argv[3], 0, &k), *out = xcalloc(io_bytes(2), 1), *p = out;
-        if (k != 1) die("%s holds %lu batches; forward takes one", argv[3], (unsigned long)k);
+    if (!strcmp(pos[1], "forward")) {
+        size_t k; char *in = read_batches(pos[2], 0, &k), *out = xcalloc(io_bytes(2), 1), *p = out;
+        if (k != 1) die("%s holds %lu batches; forward takes one", pos[2], (unsigned long)k);
         upload(in, 0);
         run_call("forward");
         for (i = 0; i < nio[2]; i++) { transfer(&io[2][i], p, 0); p += io[2][i].count * item; }
-        write_file(argv[4], out, io_bytes(2));
+        write_file(pos[3], out, io_bytes(2));
     } else {
-        size_t k, kt, s; char *in, *tg; FILE *lf; unsigned long t = step0;
+        size_t k, kt, s, used = 0; char *in, *tg, *losses; unsigned long t = step0; struct stat st;
         if (scal_arena < 0) die("bundle %s has no train_step (export it with train=True / --train)", bundle);
-        in = read_batches(argv[3], 0, &k); tg = read_batches(argv[4], 1, &kt);
-        if (k != kt) die("%s holds %lu batches but %s holds %lu", argv[3], (unsigned long)k, argv[4], (unsigned long)kt);
-        snprintf(path, sizeof path, "%s/loss.txt", argv[5]);
-        if (!(lf = fopen(path, "w"))) die("cannot write %s (%s): does OUTDIR exist?", path, strerror(errno));
+        in = read_batches(pos[2], 0, &k); tg = read_batches(pos[3], 1, &kt);
+        if (k != kt) die("%s holds %lu batches but %s holds %lu", pos[2], (unsigned long)k, pos[3], (unsigned long)kt);
+        if (stat(pos[4], &st) || !S_ISDIR(st.st_mode)) die("OUTDIR %s is not a folder (make it first)", pos[4]);
+        losses = xcalloc(k, 32);
         for (s = 0; s < k; s++) {
             double v[4] = {lr, 0, 0, 0}, sum = 0; float f[4]; char buf[32]; Region r; size_t e;
             t++;
@@ -463,20 +774,24 @@ int main(int argc, char **argv) {
                 for (e = 0; e < loss[i].count; e++) sum += item == 4 ? (double)((float *)part)[e] : ((double *)part)[e];
                 free(part);
             }
-            printf("step %lu loss %.9g\n", t, sum); fprintf(lf, "%.17g\n", sum);
+            printf("step %lu loss %.9g\n", t, sum);
+            used += (size_t)snprintf(losses + used, 32, "%.17g\n", sum);
         }
-        fclose(lf);
+        snprintf(path, sizeof path, "%s/loss.txt", pos[4]); write_file(path, losses, used);
         for (i = 0; i < narenas; i++) {
             Arena *A = &arenas[i]; Region r; char *data;
             if (!strcmp(A->file, "-")) continue;
             data = xcalloc(A->elements, item);
             r.arena = i; r.offset = 0; r.count = A->elements; strcpy(r.name, A->role); transfer(&r, data, 0);
-            snprintf(path, sizeof path, "%s/%s", argv[5], A->file); write_file(path, data, A->elements * item);
+            snprintf(path, sizeof path, "%s/%s", pos[4], A->file); write_file(path, data, A->elements * item);
             free(data);
         }
-        snprintf(path, sizeof path, "%s/step.txt", argv[5]);
-        if (!(lf = fopen(path, "w")) || fprintf(lf, "%lu\n", t) < 0 || fclose(lf)) die("cannot write %s", path);
+        {
+            char line[32]; int len = snprintf(line, sizeof line, "%lu\n", t);
+            snprintf(path, sizeof path, "%s/step.txt", pos[4]); write_file(path, line, (size_t)len);
+        }
     }
     clFinish(queue);
+    if (built) cache_program(prog);
     return 0;
 }

@@ -3,6 +3,7 @@ with `cc`) runs every example's bundle on the same device as Python and gets the
 loss and updated parameters; damaged bundles are refused with a message, never a crash; bad
 arguments name themselves; the MQL5 include holds exactly the plan's table."""
 import importlib.util
+import hashlib
 import os
 import re
 import shutil
@@ -228,7 +229,7 @@ def test_forward_only_bundles(runner, run_env, tmp_path):
     bundle = trained.export(tmp_path / "fwd")
     doc = export.read(bundle)
     assert list(doc["calls"]) == ["forward"] and not doc["train"] and doc["step_scalars"] is None
-    assert sorted(doc["files"]) == ["kernels.cl", "param.bin", "plan.txt"]
+    assert sorted(doc["files"]) == ["kernels.cl", "param.bin"]
     roles = {a["arena"] for la in doc["launches"] for a in la["args"] if a["kind"] == "arena"}
     assert {a["role"] for a in doc["arenas"]} == roles | {"input"} and "grad" not in roles
     check_against_python(trained, bundle, runner, run_env, tmp_path)
@@ -321,35 +322,141 @@ def _edit(name, fn):
     return damage
 
 
-def _plan_line(which, fn):
-    """Damage the plan.txt lines that start with ``which`` (or for which it returns True)."""
+def _resealed(text):
+    """plan.txt ``text`` (bytes) with its seal made again, as a hand edit that knows the rule."""
+    body = text.decode()
+    body = body[:body.rfind("seal ")] if "\nseal " in body else body
+    return export.seal(body).encode()
+
+
+def _plan_line(which, fn, reseal=True):
+    """Damage the plan.txt lines that start with ``which`` (or for which it returns True), and
+    (reseal) seal it again, so that the damage reaches the runner's checks past the seal."""
     pick = which if callable(which) else (lambda ln: ln.startswith(which))
-    return _edit("plan.txt", lambda d: "\n".join(fn(ln) if pick(ln) else ln
-                                                 for ln in d.decode().split("\n")).encode())
+
+    def edit(d):
+        out = "\n".join(fn(ln) if pick(ln) else ln for ln in d.decode().split("\n")).encode()
+        return _resealed(out) if reseal else out
+    return _edit("plan.txt", edit)
 
 
 def _field(i, value):
     return lambda ln: " ".join(value if j == i else f for j, f in enumerate(ln.split(" ")))
 
 
+def _same_size(name, fn):
+    """Damage file ``name`` with ``fn`` and record its new size and SHA-256 in plan.txt (sealed
+    again): a bundle whose sums agree but whose contents are wrong in another way."""
+    def damage(b):
+        _edit(name, fn)(b)
+        data = open(os.path.join(b, name), "rb").read()
+        _plan_line(lambda ln: ln.startswith("file ") and ln.endswith(" " + name),
+                   lambda ln: f"file {len(data)} {hashlib.sha256(data).hexdigest()} {name}")(b)
+    return damage
+
+
+def _offset_of_first_arena_arg(value, line=None):
+    """The uint offset after the first launch's first arena argument set to ``value`` (a
+    function of that arena's element count), or that line made ``line`` (of its slot)."""
+    def damage(b):
+        lines = open(os.path.join(b, "plan.txt")).read().split("\n")
+        arenas = [int(ln.split()[1]) for ln in lines if ln.startswith("arena ")]
+        i = next(i for i, ln in enumerate(lines) if ln.startswith("arg ") and " arena " in ln)
+        slot, arena = int(lines[i].split()[1]), int(lines[i].split()[3])
+        assert lines[i + 1].startswith(f"arg {slot + 1} uint ")
+        lines[i + 1] = line(slot + 1) if line else f"arg {slot + 1} uint {value(arenas[arena])}"
+        open(os.path.join(b, "plan.txt"), "wb").write(_resealed("\n".join(lines).encode()))
+    return damage
+
+
+def _first_arena_arg(fn):
+    state = {"done": False}
+
+    def pick(ln):
+        if state["done"] or not (ln.startswith("arg ") and " arena " in ln):
+            return False
+        state["done"] = True
+        return True
+
+    def damage(b):
+        state["done"] = False
+        _plan_line(pick, fn)(b)
+    return damage
+
+
+def _launch_sizes(g, loc):
+    """The first launch's global and local sizes (three numbers each)."""
+    return _first_launch(lambda f: f[:3] + g + loc + f[9:])
+
+
+def _first_launch(fn):
+    state = {"done": False}
+
+    def pick(ln):
+        if state["done"] or not ln.startswith("launch "):
+            return False
+        state["done"] = True
+        return True
+
+    def damage(b):
+        state["done"] = False
+        _plan_line(pick, lambda ln: " ".join(fn(ln.split(" "))))(b)
+    return damage
+
+
+# Each: (damage, what the runner's message says). Those of plan.txt's records are sealed again,
+# so that they reach the checks behind the seal; "unsealed edit" is one that is not.
 DAMAGES = {
-    "missing param.bin": (lambda b: os.remove(os.path.join(b, "param.bin")), "param.bin"),
+    "missing param.bin": (lambda b: os.remove(os.path.join(b, "param.bin")), "param.bin is missing"),
     "short param.bin": (_edit("param.bin", lambda d: d[:-8]), "param.bin has"),
+    "same-size corrupt param.bin": (_edit("param.bin", lambda d: d[:-4] + b"\0\0\xc0\x7f"),
+                                    "param.bin is damaged"),
+    "param.bin copied from elsewhere": (_edit("param.bin", lambda d: bytes(len(d))), "--from"),
     "missing kernels.cl": (lambda b: os.remove(os.path.join(b, "kernels.cl")), "kernels.cl"),
+    "edited kernels.cl": (_edit("kernels.cl", lambda d: d.replace(b"{", b"{ ", 1)[:len(d)]),
+                          "kernels.cl is damaged"),
+    "edited plan.json": (_edit("plan.json", lambda d: d.replace(b'"batch": 3', b'"batch": 4')),
+                         "plan.json is damaged"),
+    "missing plan.json": (lambda b: os.remove(os.path.join(b, "plan.json")), "plan.json is missing"),
     "missing plan.txt": (lambda b: os.remove(os.path.join(b, "plan.txt")), "plan.txt"),
-    "newer version": (_plan_line("kilnet-bundle", lambda ln: "kilnet-bundle 2"), "newer"),
+    "newer version": (_plan_line("kilnet-bundle", lambda ln: "kilnet-bundle 3"), "newer"),
+    "older version": (_plan_line("kilnet-bundle", lambda ln: "kilnet-bundle 1"), "older"),
     "not a plan": (_edit("plan.txt", lambda d: b"hello\n" + d), "not a kilnet bundle plan"),
-    "truncated plan": (_edit("plan.txt", lambda d: d[:len(d) // 2]), "plan.txt"),
+    "truncated plan": (_edit("plan.txt", lambda d: d[:len(d) // 2]), "does not end with its seal"),
+    "unsealed edit": (_plan_line("batch", lambda ln: "batch 4", reseal=False), "seal"),
+    "no seal": (_edit("plan.txt", lambda d: d[:d.rfind(b"seal ")]), "does not end with its seal"),
+    "truncated resealed": (_edit("plan.txt", lambda d: _resealed(d[:len(d) // 2])), "plan.txt"),
     "garbage number": (_plan_line("batch", lambda ln: "batch x12"), "not a whole number"),
     "kernel index": (_plan_line("launch ", lambda ln: "launch 99999 " + ln.split(" ", 2)[2]),
                      "kernel index"),
-    "arena index": (_plan_line("arg 0 arena", lambda ln: "arg 0 arena 77"), "arena index"),
+    "arena index": (_first_arena_arg(_field(3, "77")), "arena index"),
+    "offset 4000000000": (_offset_of_first_arena_arg(lambda n: 4000000000), "outside arena"),
+    "offset at the arena's end": (_offset_of_first_arena_arg(lambda n: n), "outside arena"),
+    "offset past 2^32": (_offset_of_first_arena_arg(lambda n: 2 ** 32), "not a whole number"),
+    "extent past the arena": (_first_arena_arg(_field(5, "99999999")), "outside arena"),
+    "access unknown": (_first_arena_arg(_field(4, "write")), "access 'write'"),
+    "offset slot missing": (_offset_of_first_arena_arg(None, lambda slot: f"arg {slot} arena 0 in 0"),
+                            "no uint offset"),
+    "slot twice": (_plan_line(lambda ln: ln.startswith("arg 1 uint"),
+                              lambda ln: "arg 0 uint " + ln.split()[3]), "slot 0 twice"),
+    "global size 0": (_launch_sizes(["0", "1", "1"], ["0", "0", "0"]), "global size 0"),
+    "local size not dividing": (_launch_sizes(["10", "1", "1"], ["4", "1", "1"]),
+                                "does not divide"),
     "region outside arena": (_plan_line("output ", _field(2, "999999")), "outside arena"),
     "arena size vs file": (_plan_line(lambda ln: ln.startswith("arena ") and "param.bin" in ln,
-                                      _field(1, "5")), "param.bin has"),
+                                      _field(1, "9999999")), "param.bin has"),
+    "file without a sum": (_plan_line(lambda ln: ln.startswith("file ") and "param.bin" in ln,
+                                      lambda ln: ln.replace("param.bin", "other.bin")),
+                           "no SHA-256 for param.bin"),
+    "sum not hex": (_plan_line(lambda ln: ln.startswith("file ") and "param.bin" in ln,
+                               _field(2, "xyz")), "not a SHA-256"),
+    "file with a path": (_plan_line(lambda ln: ln.startswith("file ") and "param.bin" in ln,
+                                    lambda ln: ln.replace("param.bin", "../param.bin")),
+                         "not a file of the bundle"),
+    "text after end": (_plan_line("end", lambda ln: "end extra"), "after 'end'"),
     "kernel missing from source": (_plan_line("kernel ", lambda ln: "kernel no_such_kernel"),
                                    "no_such_kernel"),
-    "broken kernel source": (_edit("kernels.cl", lambda d: d.replace(b"{", b"{ syntax error;", 1)),
+    "broken kernel source": (_same_size("kernels.cl", lambda d: d.replace(b"{", b"{ syntax error;", 1)),
                              "does not build"),
     "unknown dtype": (_plan_line("dtype", lambda ln: "dtype float16"), "unknown dtype"),
 }
@@ -368,6 +475,122 @@ def test_runner_refuses_a_damaged_bundle(what, tiny_bundle, runner, run_env, tmp
         r = run(runner, run_env, bundle, *args)
         assert r.returncode == 1, (what, r.returncode, r.stderr)   # not a signal (negative)
         assert message in r.stderr and "kilnet_run: " in r.stderr, r.stderr
+    assert not (tmp_path / "out.bin").exists() and not os.listdir(tmp_path / "o")
+    with pytest.raises(kn.BundleError):         # Python's reader (inspect, --mql5) refuses it too
+        export.read(bundle)
+
+
+def _data(doc, folder, steps, seed):
+    """``steps`` batches of inputs and targets in folder/in.bin, tg.bin; returns them."""
+    rng = np.random.default_rng(seed)
+    batches = [(batch_data(doc, "inputs", rng), batch_data(doc, "targets", rng)) for _ in range(steps)]
+    with open(folder / "in.bin", "wb") as fi, open(folder / "tg.bin", "wb") as ft:
+        for x, t in batches:
+            for f, key, arrays in ((fi, "inputs", x), (ft, "targets", t)):
+                for r in doc[key]:
+                    f.write(np.ascontiguousarray(arrays[r["name"]], export.DTYPES[doc["dtype"]]).tobytes())
+    return batches
+
+
+def test_runner_resumes_from_what_train_wrote(runner, run_env, tmp_path):
+    """Two steps, then two more --from their folder: the same files, bit for bit, as four steps
+    in one run, with steps numbered 3 and 4 (Adam's bias corrections continue); forward --from
+    the folder runs the trained parameters, as Python's model trained on the same batches."""
+    model = kn.compile(tiny_graph(), batch=3, optimizer=kn.Adam(lr=0.05), loss="cross_entropy")
+    bundle = model.export(tmp_path / "b", train=True)
+    doc = export.read(bundle)
+    for d in ("all", "first", "second", "d4", "d2a", "d2b"):
+        (tmp_path / d).mkdir()
+    batches = _data(doc, tmp_path / "d4", 4, seed=3)
+    for f in ("in.bin", "tg.bin"):                        # batches 1-2 and 3-4 of the four
+        whole = (tmp_path / "d4" / f).read_bytes()
+        (tmp_path / "d2a" / f).write_bytes(whole[:len(whole) // 2])
+        (tmp_path / "d2b" / f).write_bytes(whole[len(whole) // 2:])
+    r4 = run(runner, run_env, bundle, "train", tmp_path / "d4" / "in.bin", tmp_path / "d4" / "tg.bin",
+             tmp_path / "all")
+    ra = run(runner, run_env, bundle, "train", tmp_path / "d2a" / "in.bin",
+             tmp_path / "d2a" / "tg.bin", tmp_path / "first")
+    rb = run(runner, run_env, bundle, "train", tmp_path / "d2b" / "in.bin",
+             tmp_path / "d2b" / "tg.bin", tmp_path / "second", "--from", tmp_path / "first")
+    assert r4.returncode == ra.returncode == rb.returncode == 0, r4.stderr + ra.stderr + rb.stderr
+    steps = lambda r: [ln.split()[1] for ln in r.stdout.splitlines()]    # noqa: E731
+    assert steps(r4) == ["1", "2", "3", "4"] and steps(ra) == ["1", "2"] and steps(rb) == ["3", "4"]
+    assert r4.stdout.splitlines()[2:] == rb.stdout.splitlines()
+    for a in doc["arenas"]:
+        if a["file"]:
+            assert (tmp_path / "all" / a["file"]).read_bytes() == \
+                (tmp_path / "second" / a["file"]).read_bytes(), a["file"]
+    assert (tmp_path / "second" / "step.txt").read_text() == "4\n"
+    for x, t in batches:                                   # Python, on the same device
+        model.train_step(x, t)
+    x = batches[0][0]
+    write(tmp_path / "x.bin", doc, "inputs", x)
+    r = run(runner, run_env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y.bin",
+            "--from", tmp_path / "all")
+    assert r.returncode == 0, r.stderr
+    y = np.fromfile(tmp_path / "y.bin", np.float32).reshape(doc["outputs"][0]["shape"])
+    np.testing.assert_allclose(y, model.forward(x)["y"], rtol=1e-5, atol=1e-6)
+    # a folder that is not one train wrote is refused, naming what is wrong
+    (tmp_path / "all" / "step.txt").write_text("four\n")
+    r = run(runner, run_env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y2.bin",
+            "--from", tmp_path / "all")
+    assert r.returncode == 1 and "step.txt must hold one whole number" in r.stderr
+    os.remove(tmp_path / "all" / "step.txt")
+    r = run(runner, run_env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y2.bin",
+            "--from", tmp_path / "all")
+    assert r.returncode == 1 and "cannot read step.txt" in r.stderr
+    (tmp_path / "all" / "step.txt").write_text("4\n")
+    (tmp_path / "all" / "param.bin").write_bytes(b"\0" * 8)
+    r = run(runner, run_env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y2.bin",
+            "--from", tmp_path / "all")
+    assert r.returncode == 1 and "param.bin has 8 bytes" in r.stderr
+    assert not (tmp_path / "y2.bin").exists()
+
+
+def test_runner_caches_its_program_per_device(tiny_bundle, runner, run_env, tmp_path):
+    """The first run builds kernels.cl and keeps the binary in .kilnet_run-cache; the next loads
+    it; a damaged cache file is built again and replaced; a bundle folder it cannot write to
+    still runs. -v says which device and which of these happened. Outputs are the same."""
+    src, data = tiny_bundle
+    bundle = tmp_path / "b"
+    shutil.copytree(src, bundle, ignore=shutil.ignore_patterns(".kilnet_run-cache"))
+    outs = []
+
+    def forward(expect):
+        out = tmp_path / f"out{len(outs)}.bin"
+        r = run(runner, run_env, "-v", bundle, "forward", data / "in.bin", out)
+        assert r.returncode == 0 and expect in r.stderr, r.stderr
+        assert "kilnet_run: device " in r.stderr and "driver" in r.stderr
+        outs.append(out.read_bytes())
+    forward("program cached in")
+    [cached] = (bundle / ".kilnet_run-cache").iterdir()
+    forward("program from the cache")
+    data_ = bytearray(cached.read_bytes())
+    data_[-1] ^= 0xFF
+    cached.write_bytes(bytes(data_))
+    forward("is damaged: building")
+    forward("program from the cache")
+    shutil.rmtree(bundle / ".kilnet_run-cache")
+    (bundle / ".kilnet_run-cache").write_text("a file where the cache folder goes")
+    forward("cannot cache the program")
+    os.remove(bundle / ".kilnet_run-cache")
+    assert all(o == outs[0] for o in outs)
+    export.read(bundle)                  # the cache is not part of the bundle
+
+
+def test_runner_sha256_is_fips_180_4s(runner, tmp_path):
+    """The runner's SHA-256 against hashlib's, on sizes around its 64-byte blocks and padding."""
+    rng = np.random.default_rng(0)
+    files = []
+    for n in (0, 1, 3, 55, 56, 57, 63, 64, 65, 119, 120, 127, 128, 1000, 1 << 20):
+        f = tmp_path / f"f{n}"
+        f.write_bytes(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+        files.append(f)
+    r = subprocess.run([runner, "--sha256", *map(str, files)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f}"
+                                     for f in files]
 
 
 def test_runner_refuses_bad_data_files_and_usage(tiny_bundle, runner, run_env, tmp_path):
@@ -394,7 +617,17 @@ def test_runner_refuses_bad_data_files_and_usage(tiny_bundle, runner, run_env, t
 
 
 @pytest.mark.parametrize("damage, message", [
-    (_edit("plan.json", lambda d: d.replace(b'"version": 1', b'"version": 2')), "format version 2"),
+    (_edit("plan.json", lambda d: d.replace(b'"version": 2', b'"version": 3')), "format version 3"),
+    (_edit("plan.json", lambda d: d.replace(b'"version": 2', b'"version": 1')), "format version 1"),
+    (_edit("plan.json", lambda d: d.replace(b'"extent": ', b'"extent": 9999999', 1)),
+     "is outside arena"),
+    (_edit("plan.json", lambda d: re.sub(rb'"global_size": \[\s*\d+', b'"global_size": [0', d, 1)),
+     "global size [0"),
+    (_edit("plan.json", lambda d: re.sub(rb'"value": \d+', b'"value": 4000000000', d, 1)),
+     "is outside arena"),
+    (_edit("plan.json", lambda d: d.replace(b'"batch": 3', b'"batch": 4')), "plan.txt does not say"),
+    (_edit("plan.txt", lambda d: d.replace(b"batch 3", b"batch 4")), "plan.txt is damaged"),
+    (lambda b: os.remove(os.path.join(b, "plan.txt")), "plan.txt is missing"),
     (_edit("plan.json", lambda d: d[:100]), "not readable JSON"),
     (_edit("plan.json", lambda d: d.replace(b'"launches"', b'"launchez"')), "malformed"),
     (lambda b: os.remove(os.path.join(b, "moment2.bin")), "file moment2.bin is missing"),
