@@ -9,6 +9,12 @@ KILNET_RUNNER_SYSTEM:
   pyopencl's loader): .ci/run's main job;
 - "1": everything from the system (cc, <CL/cl.h>, libOpenCL.so.1), failing where one is missing:
   .ci/run's system-packages job.
+
+KILNET_RUNNER_SANITIZE=1 builds it with AddressSanitizer and UndefinedBehaviorSanitizer (the
+system's cc), run with their errors fatal and exit status 86, so that a test expecting the
+runner's own exit status 1 fails on a memory error it would otherwise mistake for a refusal:
+
+    KILNET_RUNNER_SANITIZE=1 python -m pytest tests/test_export.py -k runner
 """
 import ctypes
 import glob
@@ -62,6 +68,9 @@ def build(out):
     """Compile the runner to ``out``; returns what it was built with (its ``--about`` line)."""
     cc, _ = compiler()
     flags = ["-DKILNET_OWN_CL"] if _mode() == "0" else []
+    if sanitized():
+        flags += ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                  "-fno-omit-frame-pointer"]
     r = subprocess.run(cc + ["-std=c99", "-O2", "-Wall", *flags, "-o", out, SOURCE, "-ldl", "-lm"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"building runner/kilnet_run.c with {' '.join(cc)} failed:\n{r.stderr}"
@@ -75,9 +84,20 @@ def build(out):
     return about.stdout.strip()
 
 
+def sanitized():
+    value = os.environ.get("KILNET_RUNNER_SANITIZE", "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"KILNET_RUNNER_SANITIZE must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def environment(env):
-    """``env`` with the runner pointed at the chosen ICD loader."""
+    """``env`` with the runner pointed at the chosen ICD loader (and, sanitized, the
+    sanitizers' exit status 86; leaks are not errors: the drivers keep memory until exit)."""
     env = dict(env)
+    if sanitized():
+        env["ASAN_OPTIONS"] = "exitcode=86:detect_leaks=0"
+        env["UBSAN_OPTIONS"] = "exitcode=86:halt_on_error=1:print_stacktrace=1"
     lib = loader()
     if lib:
         env["KILNET_OPENCL_LIBRARY"] = lib
@@ -87,4 +107,5 @@ def environment(env):
 
 
 def describe():
-    return f"C runner built with {compiler()[1]}, ICD loader: {loader() or 'the system libOpenCL.so.1'}"
+    return (f"C runner built with {compiler()[1]}{' with ASan and UBSan' if sanitized() else ''}, "
+            f"ICD loader: {loader() or 'the system libOpenCL.so.1'}")

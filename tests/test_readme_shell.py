@@ -226,10 +226,13 @@ def deploy_line(cmd, ws):
         assert (ws / "outputs.bin").stat().st_size == 64 * 45 * 4
     else:
         bundle_data(ws, 2)
-        shutil.rmtree(ws / "trained", ignore_errors=True)
+        folder = "more" if "--from" in cmd else "trained"
+        shutil.rmtree(ws / folder, ignore_errors=True)
         out = sh(cmd, ws, env=runner_env(), drop=("OCL_ICD_VENDORS",))
-        assert re.findall(r"step (\d) loss", out) == ["1", "2"], out
-        assert (ws / "trained" / "param.bin").exists()
+        steps = ["3", "4"] if folder == "more" else ["1", "2"]
+        assert re.findall(r"step (\d) loss", out) == steps, out
+        assert (ws / folder / "param.bin").exists()
+        assert (ws / folder / "step.txt").read_text() == steps[-1] + "\n"
 
 
 def runner_env():
@@ -251,7 +254,7 @@ RULES = [
     (r"kilnet devices$", run_plainly(r"default device: ")),
     (r"KILNET_DEVICE=\w+ python examples/two_spirals\.py$", run_plainly(r"held-out")),
     (r"KILNET_DEVICE=\d+:\d+ python examples/qnet\.py$", run_plainly(r"accuracy")),
-    (r"(kilnet export|cc |\./kilnet_run|mkdir trained|kilnet inspect qnet_bundle)", deploy),
+    (r"(kilnet export|cc |\./kilnet_run|mkdir (trained|more)|kilnet inspect qnet_bundle)", deploy),
     (r"python benchmarks/vs_pytorch\.py", benchmark("--smoke", r"W2")),
     (r"python benchmarks/fma_peak\.py", benchmark("", r"GFLOP")),
     (r"python benchmarks/forward_latency\.py", benchmark("--steps 2 --warmup 0", r"cl_trip")),
