@@ -5,6 +5,8 @@ PyTorch's CUDA graph). It times, side by side in one run (medians of blocks, as 
 
 - ``cl_trip``: the least an OpenCL forward can cost: write W1's input (1216 float32) from host
   memory, enqueue one kernel of one work-item, read 45 float32 back, blocking (pyopencl);
+- ``cl_trip_pinned``: the same with the host arrays in pinned memory (buffers allocated with
+  CL_MEM_ALLOC_HOST_PTR, mapped once), which NVIDIA's guide advises for transfers;
 - ``cl_kernel``: that kernel alone, enqueued and waited for (clFinish);
 - kilnet's W1 forward at batch 1 (``model.forward``), and its parts: the feed check and upload
   (host), the forward launches enqueued and waited for (the device's share, and the plan
@@ -45,10 +47,25 @@ def opencl_parts(model, x):
         cl.enqueue_nd_range_kernel(queue, k, (1,), None)
         cl.enqueue_copy(queue, y, dy, is_blocking=True)
 
+    # the same from pinned host memory: buffers the driver allocates (ALLOC_HOST_PTR), mapped once
+    flags = mf.READ_WRITE | mf.ALLOC_HOST_PTR
+    hx, hy = cl.Buffer(ctx, flags, x.nbytes), cl.Buffer(ctx, flags, y.nbytes)
+    px, _ = cl.enqueue_map_buffer(queue, hx, cl.map_flags.WRITE, 0, x.shape, x.dtype)
+    py, _ = cl.enqueue_map_buffer(queue, hy, cl.map_flags.READ, 0, y.shape, y.dtype)
+    queue.finish()
+    keep = (hx, hy)
+
+    def pinned():
+        np.copyto(px, x)
+        cl.enqueue_copy(queue, dx, px, is_blocking=False)
+        cl.enqueue_nd_range_kernel(queue, k, (1,), None)
+        cl.enqueue_copy(queue, py, dy, is_blocking=True)
+        pinned.keep = keep
+
     def kernel():
         cl.enqueue_nd_range_kernel(queue, k, (1,), None)
         queue.finish()
-    return trip, kernel
+    return trip, pinned, kernel
 
 
 def kilnet_parts(model, feeds):
@@ -97,7 +114,7 @@ def main(argv=None):
     model = kn.compile(g, batch=1, device=a.device)
     feeds, _ = vs.float32(vs.w1_data(np.random.default_rng(2), 1))
     (x,) = feeds.values()
-    names = ["cl_trip", "cl_kernel", "kilnet_forward", "kilnet_upload", "kilnet_launches",
+    names = ["cl_trip", "cl_trip_pinned", "cl_kernel", "kilnet_forward", "kilnet_upload", "kilnet_launches",
              "kilnet_read"]
     fns = [*opencl_parts(model, x), lambda: model.forward(feeds), *kilnet_parts(model, feeds)]
     torch = None
