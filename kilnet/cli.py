@@ -205,7 +205,8 @@ def cmd_export(args):
         if args.form or args.train:
             raise UsageError("--target and --train apply when exporting a model, not to an "
                              "existing bundle")
-        print(f"wrote {mql5.write(args.target, args.mql5)}")
+        print(f"wrote {mql5.write(args.target, args.mql5)}: "
+              f"{mql5.form_note(export.read(args.target, check_data=False))}")
         return 0
     if args.batch < 1:
         raise UsageError(f"--batch must be >= 1, got {args.batch}")
@@ -217,7 +218,8 @@ def cmd_export(args):
     print(f"wrote bundle {path}: {len(doc['launches'])} launches, {len(doc['kernels'])} kernels, "
           f"calls {', '.join(doc['calls'])}")
     if args.mql5:
-        print(f"wrote {mql5.write(path, args.mql5)}")
+        print(f"wrote {mql5.write(path, args.mql5)}: "
+              f"{mql5.form_note(doc, 'target' if args.form else 'model')}")
     return 0
 
 
