@@ -8,7 +8,7 @@
  * TARGETS.bin may hold several batches one after the other: one train step per batch. Each step
  * prints "step T loss L"; OUTDIR gets the updated arena files (param.bin, state.bin, moment*.bin,
  * the same layout as the bundle's), loss.txt (one loss per step) and step.txt (steps taken in
- * all). `--from DIR` starts from a folder that train wrote (its arena files and step.txt) instead
+ * all). `--from DIR` starts from a folder that train wrote (its arena files; train also its step.txt) instead
  * of the bundle's files, so training resumes where it stopped (Adam's step count included) and
  * forward runs the trained parameters. `-v` says which device runs it and where the program
  * came from. The device: KILNET_RUN_DEVICE=P:D (platform, device), else the first GPU, else the
@@ -705,7 +705,7 @@ int main(int argc, char **argv) {
     bundle = pos[0];
     load_plan();
     check_files();
-    if (from_dir) step0 = from_step();
+    if (from_dir && !strcmp(pos[1], "train")) step0 = from_step();   /* forward takes no step */
     find_kilnet_vendors();
     if (!(loader_name = open_opencl(path, sizeof path))) die("%s", path);
     dev = pick_device();

@@ -532,13 +532,17 @@ def test_runner_resumes_from_what_train_wrote(runner, run_env, tmp_path):
     np.testing.assert_allclose(y, model.forward(x)["y"], rtol=1e-5, atol=1e-6)
     # a folder that is not one train wrote is refused, naming what is wrong
     (tmp_path / "all" / "step.txt").write_text("four\n")
-    r = run(runner, run_env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y2.bin",
-            "--from", tmp_path / "all")
+    (tmp_path / "c").mkdir()
+    r = run(runner, run_env, bundle, "train", tmp_path / "d2b" / "in.bin",
+            tmp_path / "d2b" / "tg.bin", tmp_path / "c", "--from", tmp_path / "all")
     assert r.returncode == 1 and "step.txt must hold one whole number" in r.stderr
     os.remove(tmp_path / "all" / "step.txt")
-    r = run(runner, run_env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y2.bin",
-            "--from", tmp_path / "all")
+    r = run(runner, run_env, bundle, "train", tmp_path / "d2b" / "in.bin",
+            tmp_path / "d2b" / "tg.bin", tmp_path / "c", "--from", tmp_path / "all")
     assert r.returncode == 1 and "cannot read step.txt" in r.stderr
+    r = run(runner, run_env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y3.bin",
+            "--from", tmp_path / "all")        # forward takes the parameters, not the step
+    assert r.returncode == 0 and (tmp_path / "y3.bin").read_bytes() == (tmp_path / "y.bin").read_bytes()
     (tmp_path / "all" / "step.txt").write_text("4\n")
     (tmp_path / "all" / "param.bin").write_bytes(b"\0" * 8)
     r = run(runner, run_env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y2.bin",
@@ -808,7 +812,8 @@ def test_mql5_include_holds_the_plans_table(tmp_path):
     used = set(re.findall(r"\b(CL[A-Z]\w+)\(", text))
     assert used <= {"CLContextCreate", "CLProgramCreate", "CLKernelCreate", "CLBufferCreate",
                     "CLSetKernelArgMem", "CLSetKernelArg", "CLExecute", "CLBufferWrite",
-                    "CLBufferRead", "CLKernelFree", "CLBufferFree", "CLProgramFree", "CLContextFree"}
+                    "CLBufferRead", "CLKernelFree", "CLBufferFree", "CLProgramFree", "CLContextFree",
+                    "CLGetInfoInteger", "CLGetInfoString"}
     assert '#resource "f.cl" as string F_CL' in text and (tmp_path / "f.cl").is_file()
     # the same plan gives the same text
     again = load_example("forecast").build_model(**SMALL["forecast"]).export(tmp_path / "b2", train=True)
