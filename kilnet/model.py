@@ -330,6 +330,15 @@ class Model:
         the train_step call and the optimizer moments. Returns the bundle's path."""
         return bundle.export(self, path, target=target, train=train)
 
+    def export_onnx(self, path):
+        """Write this model's inference graph (what ``forward`` computes, with the parameters
+        and batch-norm statistics as they are now) as an ONNX file of standard operators at
+        opset 17, inputs and outputs named as the graph names them with a symbolic batch
+        dimension; see kilnet/onnx_export.py. Needs the onnx package (``kilnet[onnx]``).
+        Returns the file's path."""
+        from . import onnx_export
+        return onnx_export.export_onnx(self, path)
+
     def __repr__(self):
         ranks = f" rank {self.rank}/{self.ranks}" if self.comm is not None else ""
         return (f"<kilnet.Model {self.graph.name!r} batch={self.batch} dtype={self.dtype} "

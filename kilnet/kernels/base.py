@@ -194,6 +194,12 @@ class Op:
         """Kernels updating layer state after a training forward (batch-norm running statistics)."""
         return []
 
+    def onnx(self, node, e):
+        """The node's inference-mode value written as standard ONNX operators with emitter ``e``
+        (kilnet/onnx_export.py's `Emitter`); returns the name of the tensor holding it. An op
+        without this method cannot be exported to ONNX, and export_onnx says so by name."""
+        raise NotImplementedError
+
     def outer_gradients(self, node, ctx):
         """{param name: `OuterGradient`} for parameters whose gradient is a sum of outer
         products over rows that are still intact when the optimizer runs. The op's backward

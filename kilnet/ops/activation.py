@@ -1,4 +1,6 @@
 """activation: y = act(x) elementwise, with act and act' printed from sympy."""
+import math
+
 from ..graph import graph_of
 from ..kernels.base import Op, inout, kernel, out, register
 from ..policy import symbolic
@@ -41,6 +43,30 @@ def scale_by_derivative(ctx, kind, z, n):
                         symbolic.derivative_c(kind), mode="scale")]
 
 
+def onnx_activation(e, x, kind, hint="act"):
+    """``kind`` applied to tensor ``x`` as ONNX operators (onnx_export.Emitter ``e``), each as
+    symbolic.py defines it: leaky_relu's slope 0.01, elu's alpha 1, gelu in its exact erf form
+    (the Gelu operator is opset 20), softplus as max(x, 0) + log(1 + exp(-|x|)) (no overflow)."""
+    if kind in (None, "none"):
+        return x
+    one = lambda: e.scalar(1.0, "one")       # noqa: E731
+    if kind in ("tanh", "sigmoid", "relu"):
+        return e.op(kind.capitalize(), [x], hint)
+    if kind == "leaky_relu":
+        return e.op("LeakyRelu", [x], hint, alpha=0.01)
+    if kind == "elu":
+        return e.op("Elu", [x], hint, alpha=1.0)
+    if kind == "silu":
+        return e.op("Mul", [x, e.op("Sigmoid", [x])], hint)
+    if kind == "softplus":
+        tail = e.op("Log", [e.op("Add", [one(), e.op("Exp", [e.op("Neg", [e.op("Abs", [x])])])])])
+        return e.op("Add", [e.op("Relu", [x]), tail], hint)
+    if kind == "gelu":
+        erf = e.op("Erf", [e.op("Mul", [x, e.scalar(1.0 / math.sqrt(2.0), "rsqrt2")])])
+        return e.op("Mul", [e.op("Mul", [x, e.scalar(0.5, "half")]), e.op("Add", [erf, one()])], hint)
+    raise AssertionError(f"onnx_activation: no ONNX form for activation {kind!r}")
+
+
 @register
 class Activation(Op):
     kind = "activation"
@@ -49,6 +75,10 @@ class Activation(Op):
     def infer(self, node):
         node.attrs["kind"] = symbolic.check(node.attrs["kind"])
         return node.inputs[0].shape
+
+
+    def onnx(self, node, e):
+        return e.act(e.x(node), node.attrs["kind"])
 
     def forward(self, node, ctx):
         return [elementwise(ctx, "forward", ctx.batch * node.size, {"inp": ctx.x(0), "out": out(ctx.y)},

@@ -24,6 +24,10 @@ class Concat(Op):
                  f"{first[:-1]} (as input 0, {node.inputs[0].name!r}) and may differ only in the last")
         return first[:-1] + (sum(v.shape[-1] for v in node.inputs),)
 
+
+    def onnx(self, node, e):
+        return e.op("Concat", [e.x(node, i) for i in range(len(node.inputs))], axis=-1)
+
     def _widths(self, node):
         return [v.shape[-1] for v in node.inputs]
 

@@ -25,6 +25,12 @@ class Dense(Op):
              f"bias must be True or False, got {node.attrs['bias']!r}", GraphError)
         return (node.attrs["units"],)
 
+
+    def onnx(self, node, e):
+        x = e.reshape(e.x(node), (node.inputs[0].size,), "flat")
+        ins = [x, e.param(node, "weight")] + ([e.param(node, "bias")] if node.attrs["bias"] else [])
+        return e.act(e.op("Gemm", ins, "z", transB=1), node.attrs["activation"])
+
     def params(self, node):
         units, fan_in = node.attrs["units"], node.inputs[0].size
         ps = [Param("weight", (units, fan_in), "uniform", fan_in)]

@@ -43,3 +43,6 @@ class Reshape(Op):
              f"into {tuple(raw)} (size {math.prod(raw)})")
         node.attrs["shape"] = list(raw)
         return tuple(raw)
+
+    def onnx(self, node, e):
+        return e.reshape(e.x(node), node.shape)

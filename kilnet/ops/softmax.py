@@ -37,6 +37,11 @@ class Softmax(Op):
              f"(shape {node.inputs[0].shape})")
         return node.inputs[0].shape
 
+
+    def onnx(self, node, e):
+        heads = e.reshape(e.x(node), (node.attrs["heads"], node.size // node.attrs["heads"]), "heads")
+        return e.reshape(e.op("Softmax", [heads], axis=-1), node.shape)
+
     def forward(self, node, ctx):
         return [_launch("forward", node, ctx, "forward", {"inp": ctx.x(0), "out": out(ctx.y)})]
 

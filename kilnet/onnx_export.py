@@ -1,0 +1,185 @@
+"""ONNX export: a model's inference graph as standard ONNX operators (``model.export_onnx``,
+``kilnet export MODEL --onnx OUT.onnx``), for MetaTrader 5's own ONNX runtime and everything else
+that reads ONNX (onnxruntime, OpenCV's dnn, C#, Java).
+
+What is written is ``model.forward``: inference mode, batch norm with its running statistics
+(the streaming batch norm with its stored window statistics), the parameters as they are now
+(initializers of the model's dtype). Inputs and outputs are named as the graph names them, each
+shaped (N, *per-sample shape) with N symbolic, so that a caller may run one sample or many.
+
+Opset 17 and IR version 8: MetaTrader documents its ONNX support as ONNX Runtime 1.14's kernels,
+and 1.14 runs opsets up to 18 and IR versions up to 8 (its release notes); 17 is the newest
+opset whose operators the export needs that every runtime since 1.13 has. Nothing newer is
+needed: gelu is written with Erf (the Gelu operator is opset 20), layer normalisation with
+ReduceMean (LayerNormalization is opset 17, but spelled out it runs on older runtimes too).
+
+Each op says how it is written in its own module (``Op.onnx(node, e)``), with the `Emitter`
+below; an op without that method is refused by name, never approximated. Composite ops
+(gte_block, mamba4cast_embedding) are nodes of their parts, so they need nothing of their own.
+"""
+import os
+import tempfile
+
+import numpy as np
+
+from .errors import BundleError
+from .graph import get_op
+from .kernels.base import Op
+
+OPSET = 17
+IR_VERSION = 8
+BATCH = "N"                  # the symbolic batch dimension of every input and output
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise BundleError("export_onnx needs the onnx package: pip install 'kilnet[onnx]'") from None
+    return onnx
+
+
+class Emitter:
+    """What an op's ``onnx(node, e)`` builds with. Every tensor is batched: (N, *node.shape) for a
+    node's value. ``e.x(node, i)`` is input i's tensor; ``e.param(node, "weight")`` the parameter
+    (or state) as an initializer; ``e.op(type, inputs, **attrs)`` adds an operator and returns its
+    output's name; ``e.const``/``e.ints`` add constants; ``e.act(x, kind)`` an activation;
+    ``e.reshape(x, shape)`` gives a tensor the per-sample ``shape``. The method returns the name
+    of the tensor holding the node's value."""
+
+    def __init__(self, model, onnx):
+        self.onnx, self.helper = onnx, onnx.helper
+        self.model = model
+        self.dtype = np.dtype(model.dtype)
+        self.elem = onnx.helper.np_dtype_to_tensor_dtype(self.dtype)
+        self.nodes, self.inits = [], []
+        self.values = {}            # graph node name -> tensor name
+        self.taken = set(model.graph.inputs) | set(model.graph.outputs)
+        self._params = None
+        self._node = None           # the graph node being written (names its tensors)
+
+    # -- names ----------------------------------------------------------------------------
+    def fresh(self, hint):
+        base = f"{self._node.name}.{hint}" if self._node is not None else hint
+        name, n = base, 1
+        while name in self.taken:
+            n += 1
+            name = f"{base}_{n}"
+        self.taken.add(name)
+        return name
+
+    # -- tensors --------------------------------------------------------------------------
+    def x(self, node, i=0):
+        """The tensor of ``node``'s input i: (N, *node.inputs[i].shape)."""
+        return self.values[node.inputs[i].name]
+
+    def param(self, node, pname):
+        """Parameter or state ``<node>.<pname>`` as an initializer of the model's dtype, in its
+        plan shape."""
+        if self._params is None:
+            self._params = dict(self.model.params.items())
+        full = f"{node.name}.{pname}"
+        if full in self.taken:
+            return full
+        self.taken.add(full)
+        value = np.asarray(self._params[full], self.dtype)
+        self.inits.append(self.onnx.numpy_helper.from_array(value, full))
+        return full
+
+    def const(self, value, hint="const", dtype=None):
+        """A constant tensor (of the model's dtype unless ``dtype`` is given)."""
+        name = self.fresh(hint)
+        value = np.asarray(value, self.dtype if dtype is None else dtype)
+        self.inits.append(self.onnx.numpy_helper.from_array(value, name))
+        return name
+
+    def ints(self, values, hint="ints"):
+        """A 1-d int64 constant (shapes, axes, starts, ends)."""
+        return self.const(np.asarray(values, np.int64).reshape(-1), hint, np.int64)
+
+    def op(self, op_type, inputs, hint=None, outputs=1, **attrs):
+        """Add operator ``op_type`` on tensors ``inputs`` ("" for an absent optional one); returns
+        its output's name (a list when ``outputs`` > 1)."""
+        names = [self.fresh(hint or op_type.lower()) for _ in range(outputs)]
+        self.nodes.append(self.helper.make_node(op_type, list(inputs), names, **attrs))
+        return names[0] if outputs == 1 else names
+
+    # -- shorthands used by many ops -----------------------------------------------------
+    def reshape(self, x, shape, hint="reshape"):
+        """``x`` as (N, *shape) (its per-sample size unchanged)."""
+        return self.op("Reshape", [x, self.ints([-1] + [int(d) for d in shape], "shape")], hint)
+
+    def act(self, x, kind, hint="act"):
+        """``kind`` (an activation name, or None/"none") applied to ``x`` elementwise."""
+        from .ops.activation import onnx_activation
+        return onnx_activation(self, x, kind, hint)
+
+    def scalar(self, value, hint="k"):
+        return self.const(np.asarray(value, self.dtype), hint)
+
+
+def build(model):
+    """The ``onnx.ModelProto`` of ``model``'s inference graph, checked (full_check)."""
+    onnx = _onnx()
+    graph = model.graph
+    e = Emitter(model, onnx)
+    dead = {n.name for n in graph.dead()}
+    missing = [n for n in graph.nodes if n.op != "input" and n.name not in dead
+               and type(get_op(n.op)).onnx is Op.onnx]
+    if missing:
+        raise BundleError("export_onnx: " + "; ".join(
+            f"node {n.name!r} ({n.op}) has no ONNX form" for n in missing)
+            + f" (model {graph.name!r}: nothing was written)")
+    for name, node in graph.inputs.items():
+        e.values[node.name] = name
+    for node in graph.nodes:
+        if node.op == "input" or node.name in dead:
+            continue
+        e._node = node
+        e.values[node.name] = get_op(node.op).onnx(node, e)
+        e._node = None
+    outputs = []
+    for name, node in graph.outputs.items():
+        e.nodes.append(onnx.helper.make_node("Identity", [e.values[node.name]], [name]))
+        outputs.append(onnx.helper.make_tensor_value_info(name, e.elem, [BATCH, *node.shape]))
+    inputs = [onnx.helper.make_tensor_value_info(name, e.elem, [BATCH, *node.shape])
+              for name, node in graph.inputs.items()]
+    g = onnx.helper.make_graph(e.nodes, graph.name, inputs, outputs, e.inits)
+    proto = onnx.helper.make_model(g, producer_name="kilnet", ir_version=IR_VERSION,
+                                   opset_imports=[onnx.helper.make_opsetid("", OPSET)])
+    proto.doc_string = (f"kilnet model {graph.name!r}: model.forward (inference mode), "
+                        f"{model.dtype}, batch dimension {BATCH!r}")
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as err:      # onnx's ValidationError and shape-inference errors alike
+        raise BundleError(f"export_onnx: internal: the model written for {graph.name!r} does "
+                          f"not pass onnx.checker ({err})") from None
+    return proto
+
+
+def export_onnx(model, path):
+    """Write ``model``'s inference graph to the file ``path`` (.onnx), atomically; returns the
+    path. See the module's docstring."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise BundleError(f"export_onnx: path must be a str or os.PathLike, got {type(path).__name__}")
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        raise BundleError(f"export_onnx: {path} is a folder; give the .onnx file to write")
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise BundleError(f"export_onnx: the folder of {path} does not exist")
+    data = build(model).SerializeToString()
+    fd, tmp = tempfile.mkstemp(prefix=".kilnet-onnx-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise BundleError(f"export_onnx: writing {path} failed ({err}); nothing was left there") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
