@@ -6,6 +6,7 @@
     kilnet inspect mypkg.models:make_graph --batch 32 --memory
     kilnet bench [--steps N] [--device D]
     kilnet export examples/qnet.py qnet_bundle/ [--train] [--target cpu|gpu] [--mql5 qnet.mqh]
+    kilnet export qnet.kiln --onnx qnet.onnx [--mql5-onnx qnet.mq5]   # inference graph as ONNX
     kilnet inspect qnet_bundle/                                # a bundle, as a model
     kilnet tune examples/qnet.py [--budget 120] [--only 'dense*,column_sum'] [--out T.json]
     kilnet tune qnet.kiln --batch 64                           # a checkpoint, at another batch
@@ -195,6 +196,8 @@ def _inspect_bundle(args):
 
 # -- export ---------------------------------------------------------------------------------
 def cmd_export(args):
+    if args.onnx is not None or args.mql5_onnx is not None:
+        return _export_onnx(args)
     if args.out is None:
         if not export.is_bundle(args.target):
             raise UsageError("give the bundle folder to write: kilnet export MODEL OUT/ (or an "
@@ -223,6 +226,42 @@ def cmd_export(args):
     return 0
 
 
+def _model_of(target, batch):
+    """A .kiln checkpoint (its own batch; ``batch`` only when given), or what load_model loads."""
+    if target.endswith(".kiln"):
+        if not os.path.isfile(target):
+            raise UsageError(f"no such file: {target}")
+        return kn.load(target, batch=batch)
+    return load_model(target, batch=batch or 1)
+
+
+def _export_onnx(args):
+    from . import onnx_export
+    if args.onnx is None:
+        raise UsageError("--mql5-onnx needs --onnx OUT.onnx (the script embeds that file)")
+    if not args.onnx.endswith(".onnx"):
+        raise UsageError(f"--onnx must name a .onnx file, got {args.onnx!r}")
+    if export.is_bundle(args.target):
+        raise UsageError(f"--onnx exports a model (file.py, module:function or a .kiln "
+                         f"checkpoint); {args.target} is a bundle, which holds no graph")
+    if args.mql5_onnx is not None and not args.mql5_onnx.endswith(".mq5"):
+        raise UsageError(f"--mql5-onnx must name a .mq5 file, got {args.mql5_onnx!r}")
+    if args.batch < 1:
+        raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    model = _model_of(args.target, args.batch)
+    if args.out is not None:
+        path = export.export(model, args.out, target=args.form, train=args.train)
+        print(f"wrote bundle {path}")
+    path = onnx_export.export_onnx(model, args.onnx)
+    io = lambda d: ", ".join(f"{k} (N, {', '.join(map(str, n.shape))})" for k, n in d.items())  # noqa: E731
+    print(f"wrote {path}: ONNX opset {onnx_export.OPSET} of model {model.graph.name!r} "
+          f"({model.dtype}, inference); inputs {io(model.graph.inputs)}; outputs "
+          f"{io(model.graph.outputs)}")
+    if args.mql5_onnx is not None:
+        print(f"wrote {onnx_export.write_mql5_script(model, path, args.mql5_onnx)}")
+    return 0
+
+
 # -- tune -----------------------------------------------------------------------------------
 def cmd_tune(args):
     if args.batch is not None and args.batch < 1:
@@ -233,12 +272,7 @@ def cmd_tune(args):
         raise UsageError("--only needs launch names or families, e.g. --only 'dense*,gemm_vec'")
     if args.out and os.path.isdir(args.out):
         raise UsageError(f"--out must name a .json file, got the folder {args.out}")
-    if args.target.endswith(".kiln"):
-        if not os.path.isfile(args.target):
-            raise UsageError(f"no such file: {args.target}")
-        model = kn.load(args.target, batch=args.batch)
-    else:
-        model = load_model(args.target, batch=args.batch or 1)
+    model = _model_of(args.target, args.batch)
     print(f"tuning {model!r} for {args.budget:g} s", file=sys.stderr, flush=True)
     result = tune.tune(model, budget=args.budget, only=args.only, path=args.out,
                        write=not args.dry_run, log=lambda line: print(line, file=sys.stderr,
@@ -298,6 +332,10 @@ def parser():
     p.add_argument("--train", action="store_true",
                    help="also the train_step call, the targets and the optimizer moments")
     p.add_argument("--mql5", metavar="OUT.mqh", help="also write an MQL5 include (and OUT.cl)")
+    p.add_argument("--onnx", metavar="OUT.onnx", help="write the inference graph as ONNX (opset "
+                   "17; TARGET may also be a .kiln checkpoint; OUT may then be left out)")
+    p.add_argument("--mql5-onnx", metavar="OUT.mq5", help="with --onnx: also an MQL5 script, in "
+                   "the .onnx file's folder, that embeds it and runs one prediction")
     graph_batch(p)
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("tune", help="time candidate launch schedules on the device and save the "
