@@ -162,6 +162,25 @@ def inspect_module(cmd, ws):
     assert "batch 32" in out and "dense_1" in out, out
 
 
+def onnx_export(cmd, ws):
+    """The ONNX line, from a checkpoint of the qnet example: the file runs in onnxruntime as
+    the model does, and the script beside it names it."""
+    import onnx_check
+    import kilnet as kn
+    sys.path.insert(0, str(ws / "examples"))
+    try:
+        import qnet
+    finally:
+        sys.path.pop(0)
+    model = qnet.build_model(batch=4)
+    model.save(ws / "qnet.kiln")
+    (ws / "deploy").mkdir()
+    out = sh(cmd, ws)
+    assert "opset 17" in out and (ws / "deploy" / "qnet.mq5").exists(), out
+    onnx_check.agrees(kn.load(ws / "qnet.kiln"), ws / "deploy" / "again.onnx")
+    assert (ws / "deploy" / "qnet.onnx").read_bytes() == (ws / "deploy" / "again.onnx").read_bytes()
+
+
 def run_plainly(expect):
     def rule(cmd, ws):
         cmd = devices_here(cmd).replace("/tmp/", f"{ws}/tmp/")
@@ -254,7 +273,9 @@ RULES = [
     (r"kilnet devices$", run_plainly(r"default device: ")),
     (r"KILNET_DEVICE=\w+ python examples/two_spirals\.py$", run_plainly(r"held-out")),
     (r"KILNET_DEVICE=\d+:\d+ python examples/qnet\.py$", run_plainly(r"accuracy")),
-    (r"(kilnet export|cc |\./kilnet_run|mkdir (trained|more)|kilnet inspect qnet_bundle)", deploy),
+    (r"(kilnet export (examples/|qnet_bundle/)|cc |\./kilnet_run|mkdir (trained|more)|"
+     r"kilnet inspect qnet_bundle)", deploy),
+    (r"kilnet export qnet\.kiln --onnx ", onnx_export),
     (r"python benchmarks/vs_pytorch\.py", benchmark("--smoke", r"W2")),
     (r"python benchmarks/fma_peak\.py", benchmark("", r"GFLOP")),
     (r"python benchmarks/forward_latency\.py", benchmark("--steps 2 --warmup 0", r"cl_trip")),
