@@ -128,6 +128,55 @@ class GraphAttention(Op):
         return ps + [Param("out.weight", (W, 2 * HD), "uniform", 2 * HD),
                      Param("out.bias", (W,), "uniform", 2 * HD)]
 
+    def onnx(self, node, e):
+        """Q, K, V and ``out`` as Gemms on the (N·U, ·) rows (the weights as stored, transB);
+        S = Q·Kᵀ·(1/√dk) per (sample, head) as MatMul on (N, H, U, dk) blocks; both sets'
+        softmaxes at once on S broadcast against a constant (2, 1, U, U) mask (set 0 connected,
+        set 1 not connected, the diagonal in both), as the kernel does them: the set's maximum
+        subtracted, exp, keys outside the set replaced by exactly 0 (Where after the Exp, so a
+        runtime whose Exp of -inf is not exactly 0 changes nothing), times 1/sum (every row has
+        its diagonal, so each sum is >= 1); O = A·V as (N, 2, H, U, dk), laid out per unit as
+        [set][head][dk] for ``out``."""
+        U, W = node.inputs[0].shape
+        H, DK = node.attrs["heads"], node.attrs["key_dim"]
+        HD = H * DK
+        adj = node.attrs["adjacency"]
+        if adj is None:
+            i = np.arange(U)
+            con = np.abs(i[:, None] - i[None, :]) == 1
+        else:
+            con = np.zeros((U, U), bool)
+            for q, key in adj["edges"]:
+                con[q, key] = True
+        eye = np.eye(U, dtype=bool)
+        masks = np.stack([con | eye, ~con | eye])[:, None]            # (2, 1, U, U)
+
+        rows = e.op("Reshape", [e.x(node), e.ints([-1, W], "rows_shape")], "rows")   # (N·U, W)
+        qkv = {}
+        for p, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+            y = e.op("Gemm", [rows, e.param(node, f"{p}.weight"), e.param(node, f"{p}.bias")],
+                     p, transB=1)                                     # (N·U, H·dk)
+            y = e.reshape(y, (U, H, DK), f"{p}_heads")                # (N, U, H, dk)
+            qkv[p] = e.op("Transpose", [y], f"{p}_t", perm=perm)      # Q, V (N, H, U, dk); Kᵀ (N, H, dk, U)
+        s = e.op("Mul", [e.op("MatMul", [qkv["q"], qkv["k"]], "qk"),
+                         e.scalar(1.0 / math.sqrt(DK), "scale")], "scores")   # (N, H, U, U)
+        s = e.op("Unsqueeze", [s, e.ints([1], "set_axis")], "scores_sets")  # (N, 1, H, U, U)
+        mask = e.const(masks, "mask", np.bool_)
+        lowest = e.scalar(-np.inf, "minus_inf")
+        m = e.op("ReduceMax", [e.op("Where", [mask, s, lowest], "in_set")], "set_max",
+                 axes=[-1], keepdims=1)                               # (N, 2, H, U, 1)
+        ex = e.op("Exp", [e.op("Sub", [s, m], "shifted")], "exp")
+        ex = e.op("Where", [mask, ex, e.scalar(0.0, "zero")], "exp_set")     # (N, 2, H, U, U)
+        total = e.op("ReduceSum", [ex, e.ints([-1], "key_axis")], "set_sum", keepdims=1)
+        a = e.op("Mul", [ex, e.op("Reciprocal", [total], "inv_sum")], "probs")
+        o = e.op("MatMul", [a, e.op("Unsqueeze", [qkv["v"], e.ints([1], "v_axis")], "v_sets")],
+                 "o_sets")                                            # (N, 2, H, U, dk)
+        o = e.op("Transpose", [o], "o_t", perm=[0, 3, 1, 2, 4])       # (N, U, 2, H, dk)
+        o = e.op("Reshape", [o, e.ints([-1, 2 * HD], "o_shape")], "o_rows")  # (N·U, 2·H·dk)
+        y = e.op("Gemm", [o, e.param(node, "out.weight"), e.param(node, "out.bias")], "out",
+                 transB=1)                                            # (N·U, W)
+        return e.reshape(y, (U, W), "y")
+
     def _dims(self, node, ctx):
         U, W = node.inputs[0].shape
         H, DK = node.attrs["heads"], node.attrs["key_dim"]
