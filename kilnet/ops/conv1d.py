@@ -4,7 +4,13 @@ out[u, f] = act(b[f] + Σ_k Σ_c W[f, k, c]·x[u·step + k, c]), no padding. Bec
 taps of one output are contiguous in x, the forward pass is a GEMM whose rows overlap (an implicit
 im2col with row stride step·C); both gradients are GEMMs too (on CPUs the input gradient's is a
 plain product followed by a gather over taps: templates/conv1d_gather.cl.j2).
+
+ONNX (``onnx``): the same implicit im2col spelled out, Gather of the U' windows of W units along
+the unit axis, (N, U', W, C) -> (N·U', W·C), one Gemm with the weight as (F, W·C) and the bias,
+back to (N, U', F), then the activation. Gather/Reshape/Gemm run in float32 and float64 alike
+(ONNX Runtime's Conv is float32 only), and the layout needs no Transpose.
 """
+import numpy as np
 import sympy as sp
 
 from ..graph import graph_of
@@ -50,6 +56,19 @@ class Conv1d(Op):
         need(a["window"] <= shape[0], node, f"window {a['window']} is longer than the input's "
              f"{shape[0]} units")
         return ((shape[0] - a["window"]) // a["step"] + 1, a["filters"])
+
+    def onnx(self, node, e):
+        U, C, Uo, F, W, S, act = self._dims(node)
+        x = e.x(node)
+        if not (W == 1 and S == 1):    # else the windows are the units themselves
+            taps = np.arange(Uo)[:, None] * S + np.arange(W)[None, :]          # (U', W)
+            x = e.op("Gather", [x, e.const(taps, "taps", np.int64)], "windows", axis=1)
+        rows = e.op("Reshape", [x, e.ints([-1, W * C], "rows_shape")], "rows")  # (N·U', W·C)
+        w = e.op("Reshape", [e.param(node, "weight"), e.ints([F, W * C], "w_shape")], "w2d")
+        z = e.op("Gemm", [rows, w, e.param(node, "bias")], "z", transB=1)     # (N·U', F)
+        # the activation after the Reshape: ONNX Runtime (1.15 at least) fuses a Gemm followed
+        # by an activation into FusedGemm, which it has in float32 only
+        return e.act(e.reshape(z, (Uo, F)), act)
 
     def params(self, node):
         F, W, C = node.attrs["filters"], node.attrs["window"], node.inputs[0].shape[1]

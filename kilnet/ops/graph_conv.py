@@ -10,6 +10,10 @@ Departures from the article (CGConv in CNeuronGTE): the article's host code hand
 graph_convs of a GTE block are separate nodes with their own parameters. The article's weights
 carry the bias as their last column; here it is a separate vector. Gradients are the exact
 derivatives of the gate product (no clamping of gradients or weights).
+
+ONNX (``onnx``): the units as rows, (N, U, W) -> (N·U, W); one Gemm per branch with its weight
+and bias, back to (N, U, width); Sigmoid of the filter branch times LeakyRelu (0.01) of the
+state branch.
 """
 from ..graph import graph_of
 from ..kernels.base import Op, Param, inout, int_attr, need, out, register
@@ -40,6 +44,17 @@ class GraphConv(Op):
         F, W = node.attrs["width"], node.inputs[0].shape[1]
         return [Param("filter.weight", (F, W), "uniform", W), Param("filter.bias", (F,), "uniform", W),
                 Param("state.weight", (F, W), "uniform", W), Param("state.bias", (F,), "uniform", W)]
+
+    def onnx(self, node, e):
+        (U, W), F = node.inputs[0].shape, node.attrs["width"]
+        rows = e.op("Reshape", [e.x(node), e.ints([-1, W], "rows_shape")], "rows")  # (N·U, W)
+        # each branch reshaped before its activation: ONNX Runtime (1.15 at least) fuses a Gemm
+        # followed by an activation into FusedGemm, which it has in float32 only
+        z = {b: e.reshape(e.op("Gemm", [rows, e.param(node, f"{b}.weight"),
+                                        e.param(node, f"{b}.bias")], f"z{b[0]}", transB=1),
+                          (U, F), f"z{b[0]}_units") for b in ("filter", "state")}
+        return e.op("Mul", [e.act(z["filter"], "sigmoid", "gate"),
+                            e.act(z["state"], "leaky_relu", "state")], "gated")
 
     def _dims(self, node, ctx):
         (U, W), F = node.inputs[0].shape, node.attrs["width"]

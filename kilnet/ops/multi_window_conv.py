@@ -27,7 +27,15 @@ in as constants). Rows are (sample, variable) pairs.
   local memory. CPU form: a work-item per (block of V filters, unit) walking the rows, no
   barriers. When that leaves too few groups for the device, the rows are also split into slices
   whose partial sums a second launch (``backward_params_reduce``) adds in a fixed order.
+
+ONNX (``onnx``): the steps axis is zero-padded (Pad) by the largest left reach on the left and
+whatever the last position of any window reaches past T on the right; per window i a Gather of
+its P windows of n_i taps, (N, V, P, n_i) -> (N·V·P, n_i), a Gemm with ``weight.i`` and
+``bias.i``; the windows' results are concatenated along the columns (i·F + f), reshaped to
+(N, V, P, len(windows)·F), and the activation applied. Float32 and float64 alike.
 """
+import numpy as np
+
 from ..graph import graph_of
 from ..kernels.base import (GraphError, Op, Param, int_attr, keeps_preactivation, kernel, need,
                             out, register)
@@ -84,6 +92,30 @@ class MultiWindowConv(Op):
         for i, n in enumerate(node.attrs["windows"]):
             out += [Param(f"weight.{i}", (F, n), "uniform", n), Param(f"bias.{i}", (F,), "uniform", n)]
         return out
+
+    def onnx(self, node, e):
+        (V, T), (_, P, O) = node.inputs[0].shape, node.shape
+        a = node.attrs
+        S, wins = a["step"], a["windows"]
+        # window i at position p reads steps p·S − left_i + k, k < n_i; the padded axis starts
+        # at step −lpad and ends past the furthest tap any window reads.
+        lpad = max(_left(n) for n in wins)
+        rpad = max(0, max((P - 1) * S - _left(n) + n - 1 for n in wins) - (T - 1))
+        x = e.x(node)                                                      # (N, V, T)
+        if lpad or rpad:
+            x = e.op("Pad", [x, e.ints([0, 0, lpad, 0, 0, rpad], "pads")], "padded",
+                     mode="constant")
+        cols = []
+        for i, n in enumerate(wins):
+            taps = np.arange(P)[:, None] * S - _left(n) + lpad + np.arange(n)[None, :]   # (P, n)
+            g = e.op("Gather", [x, e.const(taps, f"taps{i}", np.int64)], f"windows{i}", axis=2)
+            rows = e.op("Reshape", [g, e.ints([-1, n], f"rows{i}_shape")], f"rows{i}")
+            cols.append(e.op("Gemm", [rows, e.param(node, f"weight.{i}"),
+                                      e.param(node, f"bias.{i}")], f"z{i}", transB=1))
+        z = cols[0] if len(cols) == 1 else e.op("Concat", cols, "z", axis=1)   # (N·V·P, O)
+        # the activation after the Reshape (a Gemm followed by an activation is fused by ONNX
+        # Runtime into FusedGemm, which it has in float32 only)
+        return e.act(e.reshape(z, (V, P, O)), a["activation"])
 
     # -- constants shared by every kernel ----------------------------------------------------
     def _consts(self, node, ctx, mode):
