@@ -27,6 +27,15 @@ class AddNorm(Op):
              f"and {b.name!r} {b.shape}")
         return a.shape
 
+    def onnx(self, node, e):
+        """z = a + b; (z − mean)·(biased var + EPS)^-½ over the last axis (ReduceMean takes
+        its axes as an attribute up to opset 17)."""
+        z = e.op("Add", [e.x(node, 0), e.x(node, 1)], "sum")
+        d = e.op("Sub", [z, e.op("ReduceMean", [z], "mean", axes=[-1], keepdims=1)], "centred")
+        var = e.op("ReduceMean", [e.op("Mul", [d, d])], "var", axes=[-1], keepdims=1)
+        inv = e.op("Reciprocal", [e.op("Sqrt", [e.op("Add", [var, e.scalar(EPS, "eps")])])], "inv_std")
+        return e.op("Mul", [d, inv], "normed")
+
     def _launch(self, step, node, ctx, mode, bufs, **extra):
         D = node.shape[-1]
         rows = ctx.batch * node.size // D

@@ -112,6 +112,31 @@ class BatchNorm(Op):
     def state(self, node):
         return [Param("running_mean", node.shape, "zeros"), Param("running_var", node.shape, "ones")]
 
+    def onnx(self, node, e):
+        """Inference mode as the kernels compute it (every element its own feature, so the
+        parameters and state broadcast over the batch as they are). Minibatch:
+        y = act(γ·(x − running_mean)·(running_var + eps)^-½ + β). Streaming (B): each sample one
+        step of the window from the stored state, μ' = ((B−1)·running_mean + x)/B, δ = x − μ',
+        σ²' = ((B−1)·running_var + δ²)/B, y = act(γ·δ·(σ²' + eps)^-½ + β); nothing is stored."""
+        a = node.attrs
+        x = e.x(node)
+        gamma, beta = e.param(node, "gamma"), e.param(node, "beta")
+        mean, var = e.param(node, "running_mean"), e.param(node, "running_var")
+        eps = e.scalar(a["eps"], "eps")
+        W = a.get("streaming")
+        if W is None:
+            d = e.op("Sub", [x, mean], "centred")
+            v = var
+        else:
+            w1, w = e.scalar(W - 1, "window_less_one"), e.scalar(W, "window")
+            mu = e.op("Div", [e.op("Add", [e.op("Mul", [mean, w1]), x]), w], "window_mean")
+            d = e.op("Sub", [x, mu], "delta")
+            v = e.op("Div", [e.op("Add", [e.op("Mul", [var, w1]), e.op("Mul", [d, d])]), w],
+                     "window_var")
+        inv = e.op("Reciprocal", [e.op("Sqrt", [e.op("Add", [v, eps])])], "inv_std")
+        y = e.op("Add", [e.op("Mul", [e.op("Mul", [gamma, d]), inv]), beta], "affine")
+        return e.act(y, a["activation"])
+
     def _k(self, step, node, ctx, mode, buffers, **extra):
         a = node.attrs
         act, dact = symbolic.forward_c(a["activation"]), symbolic.derivative_c(a["activation"])

@@ -25,6 +25,8 @@ Mamba4Cast); this op follows docs/DESIGN.md's definition.
 import math
 import numbers
 
+import numpy as np
+
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, Param, int_attr, kernel, need, out, register
 from ..kernels.gemm import linear, linear_backward
@@ -74,6 +76,31 @@ class TimeEncoding(Op):
     def params(self, node):
         E, C = self._E(node), node.inputs[0].shape[1]
         return [Param("weight", (E, C), "uniform", C), Param("bias", (E,), "uniform", C)]
+
+    def onnx(self, node, e):
+        """The features with the kernels' reduction of the phase (Mod with fmod=1 is C's fmod):
+        per (period j, harmonic k) pair p = j·freqs + k − 1, q = fmod(k·fmod(t, P_j), P_j) and
+        sin/cos(2π·q/P_j), interleaved [sin, cos] per pair; plus x·Wᵀ + b over the channels.
+        In float64 cos is Sin(phase + π/2) (older runtimes have no double Cos)."""
+        a = node.attrs
+        (U, C), E, F = node.inputs[0].shape, self._E(node), a["freqs"]
+        P = e.const(np.repeat(a["periods"], F), "periods")          # (pairs,): P_j per pair
+        K = e.const(np.tile(np.arange(1, F + 1), len(a["periods"])), "harmonics")   # k per pair
+        t = e.reshape(e.x(node, 1), (U, 1), "times")                # (N, U, 1)
+        r = e.op("Mod", [t, P], "reduced", fmod=1)                  # (N, U, pairs)
+        q = e.op("Mod", [e.op("Mul", [r, K]), P], "harmonic_phase", fmod=1)
+        phase = e.op("Mul", [e.op("Div", [q, P]), e.scalar(2 * math.pi, "two_pi")], "phase")
+        sin = e.reshape(e.op("Sin", [phase], "sin"), (U, E // 2, 1), "sin_col")
+        if e.dtype == np.float32:
+            cos = e.op("Cos", [phase], "cos")
+        else:   # ONNX Runtime 1.15 (and older, 1.14 included) has double Sin but no double Cos
+            cos = e.op("Sin", [e.op("Add", [phase, e.scalar(math.pi / 2, "half_pi")])], "cos")
+        cos = e.reshape(cos, (U, E // 2, 1), "cos_col")
+        feats = e.reshape(e.op("Concat", [sin, cos], "sincos", axis=-1), (U, E), "features")
+        wt = e.op("Transpose", [e.param(node, "weight")], "weight_t", perm=[1, 0])   # (C, E)
+        proj = e.op("Add", [e.op("MatMul", [e.x(node, 0), wt], "project"), e.param(node, "bias")],
+                    "projected")
+        return e.op("Add", [proj, feats], "out")
 
     def _consts(self, node, mode, **extra):
         return dict(mode=mode, periods=[repr(p) for p in node.attrs["periods"]],
