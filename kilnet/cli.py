@@ -24,7 +24,7 @@ import sys
 
 import kilnet as kn
 
-from . import export, mql5, tune
+from . import export, mql5, onnx_export, tune
 from .errors import KilnetError
 from .inspect import arg_list, kernel_table, memory_table
 from .model import Model
@@ -236,7 +236,6 @@ def _model_of(target, batch):
 
 
 def _export_onnx(args):
-    from . import onnx_export
     if args.onnx is None:
         raise UsageError("--mql5-onnx needs --onnx OUT.onnx (the script embeds that file)")
     if not args.onnx.endswith(".onnx"):

@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from . import checkpoint, device_data, diagnose, export as bundle
+from . import checkpoint, device_data, diagnose, export as bundle, onnx_export
 from .errors import CompileError, FeedError, GraphError, KilnetError, NonFiniteLoss
 from .feeds import as_array, check_feeds, check_targets
 from .inspect import summary as summary_of
@@ -336,7 +336,6 @@ class Model:
         opset 17, inputs and outputs named as the graph names them with a symbolic batch
         dimension; see kilnet/onnx_export.py. Needs the onnx package (``kilnet[onnx]``).
         Returns the file's path."""
-        from . import onnx_export
         return onnx_export.export_onnx(self, path)
 
     def __repr__(self):

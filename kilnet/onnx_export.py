@@ -25,6 +25,7 @@ import numpy as np
 from .errors import BundleError
 from .graph import get_op
 from .kernels.base import Op
+from .ops.activation import onnx_activation
 
 OPSET = 17
 IR_VERSION = 8
@@ -111,7 +112,6 @@ class Emitter:
 
     def act(self, x, kind, hint="act"):
         """``kind`` (an activation name, or None/"none") applied to ``x`` elementwise."""
-        from .ops.activation import onnx_activation
         return onnx_activation(self, x, kind, hint)
 
     def scalar(self, value, hint="k"):
@@ -122,6 +122,11 @@ def build(model):
     """The ``onnx.ModelProto`` of ``model``'s inference graph, checked (full_check)."""
     onnx = _onnx()
     graph = model.graph
+    clash = sorted(set(graph.inputs) & set(graph.outputs))
+    if clash:
+        raise BundleError(f"export_onnx: model {graph.name!r}: output(s) {', '.join(map(repr, clash))} "
+                          f"have the name of an input; ONNX names every tensor once, so rename the "
+                          f"output (g.output(name, ...)) or the input")
     e = Emitter(model, onnx)
     dead = {n.name for n in graph.dead()}
     missing = [n for n in graph.nodes if n.op != "input" and n.name not in dead

@@ -1,6 +1,8 @@
 """activation: y = act(x) elementwise, with act and act' printed from sympy."""
 import math
 
+import numpy as np
+
 from ..graph import graph_of
 from ..kernels.base import Op, inout, kernel, out, register
 from ..policy import symbolic
@@ -46,16 +48,22 @@ def scale_by_derivative(ctx, kind, z, n):
 def onnx_activation(e, x, kind, hint="act"):
     """``kind`` applied to tensor ``x`` as ONNX operators (onnx_export.Emitter ``e``), each as
     symbolic.py defines it: leaky_relu's slope 0.01, elu's alpha 1, gelu in its exact erf form
-    (the Gelu operator is opset 20), softplus as max(x, 0) + log(1 + exp(-|x|)) (no overflow)."""
+    (the Gelu operator is opset 20), softplus as max(x, 0) + log(1 + exp(-|x|)) (no overflow).
+    In float64, ONNX Runtime has no Erf kernel (gelu; 1.32 and 1.15): such a file is valid ONNX
+    that onnxruntime refuses to load."""
     if kind in (None, "none"):
         return x
     one = lambda: e.scalar(1.0, "one")       # noqa: E731
     if kind in ("tanh", "sigmoid", "relu"):
         return e.op(kind.capitalize(), [x], hint)
-    if kind == "leaky_relu":
-        return e.op("LeakyRelu", [x], hint, alpha=0.01)
+    if kind == "leaky_relu":      # max(x, 0.01x) with 0.01 of the model's dtype (alpha is a float)
+        return e.op("Max", [x, e.op("Mul", [x, e.scalar(0.01, "slope")])], hint)
     if kind == "elu":
-        return e.op("Elu", [x], hint, alpha=1.0)
+        if e.dtype == np.float32:
+            return e.op("Elu", [x], hint, alpha=1.0)
+        # ONNX Runtime has no double Elu kernel: the same, spelled out
+        below = e.op("Sub", [e.op("Exp", [x]), one()])
+        return e.op("Where", [e.op("Greater", [x, e.scalar(0.0, "zero")]), x, below], hint)
     if kind == "silu":
         return e.op("Mul", [x, e.op("Sigmoid", [x])], hint)
     if kind == "softplus":
