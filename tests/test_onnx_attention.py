@@ -163,3 +163,39 @@ def test_adjacency_is_baked_in(tmp_path):
         x = onnx_check.random_feeds(m, np.random.default_rng(0))
         outs.append(onnx_check.session(tmp_path / f"a{i}.onnx").run(None, x)[0])
     assert np.abs(outs[0] - outs[1]).max() > 1e-3
+
+
+# -- the composite gte_block and the gte_encoder example --------------------------------------
+
+@pytest.mark.parametrize("U,W,heads,key_dim,adj", [(7, 5, 3, 2, "user"), (6, 3, 1, 3, None)])
+def test_gte_block_onnx(tmp_path, U, W, heads, key_dim, adj):
+    """gte_block's parts (graph_attention, add_norm, graph_conv, conv1d) written as theirs,
+    two blocks in a row, trained a few steps."""
+    adjacency = None if adj is None else sparse_adjacency(U, U)
+    g = kn.Graph("gte_onnx")
+    h = g.input("x", (U, W))
+    for _ in range(2):
+        h = kn.gte_block(h, heads, key_dim, adjacency)
+    g.output("y", h)
+    m = trained(g, steps=3)
+    assert onnx_check.agrees(m, tmp_path / "gte.onnx") <= 2e-5
+
+
+def test_gte_encoder_example_onnx(tmp_path):
+    """examples/gte_encoder.py's model on small settings (its hidden ring adjacency), trained a
+    few steps on the example's own data: onnxruntime predicts what model.forward predicts."""
+    import os
+    from test_examples import EXAMPLES, load
+    gte = load(os.path.join(EXAMPLES, "gte_encoder.py"), "example_gte_encoder_onnx")
+    U, W = 7, 4
+    m = gte.build_model(batch=4, units=U, width=W, blocks=2, heads=2, key_dim=3, seed=2)
+    adjacency = gte.ring_adjacency(U, 2)[1]
+    rng = np.random.default_rng(0)
+    before = {k: np.array(v) for k, v in m.params.items()}
+    for _ in range(5):
+        x, y = gte.make_data(4, U, W, adjacency, rng)
+        assert np.isfinite(m.train_step({"units": x}, {"target": y}))
+    assert all(not np.array_equal(before[k], m.params[k]) for k in before)
+    x, _ = gte.make_data(4, U, W, adjacency, rng)
+    worst = onnx_check.agrees(m, tmp_path / "gte_encoder.onnx", feeds={"units": x})
+    assert worst <= 2e-5
