@@ -65,7 +65,11 @@ def onnx_activation(e, x, kind, hint="act"):
         below = e.op("Sub", [e.op("Exp", [x]), one()])
         return e.op("Where", [e.op("Greater", [x, e.scalar(0.0, "zero")]), x, below], hint)
     if kind == "silu":
-        return e.op("Mul", [x, e.op("Sigmoid", [x])], hint)
+        if e.dtype == np.float32:
+            return e.op("Mul", [x, e.op("Sigmoid", [x])], hint)
+        # x / (1 + exp(-x)): onnxruntime (1.14, 1.15) fuses x * Sigmoid(x) into a float32-only
+        # QuickGelu, which a float64 model then fails to load with
+        return e.op("Div", [x, e.op("Add", [one(), e.op("Exp", [e.op("Neg", [x])])])], hint)
     if kind == "softplus":
         tail = e.op("Log", [e.op("Add", [one(), e.op("Exp", [e.op("Neg", [e.op("Abs", [x])])])])])
         return e.op("Add", [e.op("Relu", [x]), tail], hint)
