@@ -110,6 +110,17 @@ class Emitter:
         """``x`` as (N, *shape) (its per-sample size unchanged)."""
         return self.op("Reshape", [x, self.ints([-1] + [int(d) for d in shape], "shape")], hint)
 
+    def rows(self, x, width, hint="rows"):
+        """``x`` as 2-d rows of ``width`` values, the batch folded into the rows."""
+        return self.op("Reshape", [x, self.ints([-1, int(width)], hint + "_shape")], hint)
+
+    def linear(self, rows, weight, bias=None, hint="z"):
+        """rows · weightᵀ + bias on 2-d ``rows``, the weight as kilnet stores it (out, in): one
+        Gemm. Give its result its shape (``reshape``) before an activation, never apply one
+        straight to it: ONNX Runtime (1.14, 1.15) fuses Gemm + activation into FusedGemm, which
+        it has in float32 only, so a float64 model would not load (``build`` checks)."""
+        return self.op("Gemm", [rows, weight] + ([bias] if bias is not None else []), hint, transB=1)
+
     def act(self, x, kind, hint="act"):
         """``kind`` (an activation name, or None/"none") applied to ``x`` elementwise."""
         return onnx_activation(self, x, kind, hint)
@@ -143,6 +154,7 @@ def build(model):
         e._node = node
         e.values[node.name] = get_op(node.op).onnx(node, e)
         e._node = None
+    _no_activation_on_a_gemm(e.nodes)
     outputs = []
     for name, node in graph.outputs.items():
         e.nodes.append(onnx.helper.make_node("Identity", [e.values[node.name]], [name]))
@@ -160,6 +172,20 @@ def build(model):
         raise BundleError(f"export_onnx: internal: the model written for {graph.name!r} does "
                           f"not pass onnx.checker ({err})") from None
     return proto
+
+
+# Operators ONNX Runtime fuses into a preceding Gemm (FusedGemm: float32 only).
+FUSED_INTO_GEMM = {"Relu", "Tanh", "Sigmoid", "LeakyRelu", "Elu", "HardSigmoid", "Softplus",
+                   "Selu", "ThresholdedRelu"}
+
+
+def _no_activation_on_a_gemm(nodes):
+    made_by = {out: n for n in nodes for out in n.output}
+    for n in nodes:
+        src = made_by.get(n.input[0]) if n.input else None
+        if n.op_type in FUSED_INTO_GEMM and src is not None and src.op_type == "Gemm":
+            raise BundleError(f"export_onnx: internal: {n.op_type} {n.output[0]} straight after "
+                              f"Gemm {src.output[0]} (reshape first: Emitter.linear)")
 
 
 def export_onnx(model, path):

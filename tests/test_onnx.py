@@ -119,6 +119,19 @@ def test_random_valid_graphs_run_in_onnxruntime_as_in_kilnet(gb, seed):
                           feeds={k: v.astype(np.float32) for k, v in rg.feeds_for(g, batch, rng).items()})
 
 
+def test_an_activation_straight_after_a_gemm_is_refused(tmp_path, monkeypatch):
+    """ONNX Runtime fuses it into a float32-only operator; the builder checks no op writes one."""
+    import importlib
+    dense_mod = importlib.import_module("kilnet.ops.dense")
+
+    def fused(self, node, e):
+        z = e.linear(e.rows(e.x(node), node.inputs[0].size), e.param(node, "weight"))
+        return e.act(z, "tanh")
+    monkeypatch.setattr(dense_mod.Dense, "onnx", fused)
+    with pytest.raises(kn.BundleError, match="Tanh .* straight after Gemm"):
+        kn.compile(tiny(), batch=2).export_onnx(tmp_path / "t.onnx")
+
+
 def test_an_output_named_as_an_input_is_refused(tmp_path):
     g = kn.Graph("g")
     x = g.input("y", (3,))

@@ -279,11 +279,10 @@ def test_wrong_graph_conv_export_is_caught(tmp_path, monkeypatch):
 
     def wrong(self, node, e):
         (U, W), F = node.inputs[0].shape, node.attrs["width"]
-        rows = e.op("Reshape", [e.x(node), e.ints([-1, W])])
-        z = {b: e.op("Gemm", [rows, e.param(node, f"{b}.weight"), e.param(node, f"{b}.bias")],
-                     transB=1) for b in ("filter", "state")}
-        y = e.op("Mul", [e.act(z["state"], "sigmoid"), e.act(z["filter"], "leaky_relu")])
-        return e.reshape(y, (U, F))
+        rows = e.rows(e.x(node), W)
+        z = {b: e.reshape(e.linear(rows, e.param(node, f"{b}.weight"), e.param(node, f"{b}.bias")),
+                          (U, F)) for b in ("filter", "state")}
+        return e.op("Mul", [e.act(z["state"], "sigmoid"), e.act(z["filter"], "leaky_relu")])
 
     monkeypatch.setattr(graph_conv_mod.GraphConv, "onnx", wrong)
     with pytest.raises(AssertionError, match="differs from model.forward"):

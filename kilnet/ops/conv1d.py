@@ -63,11 +63,8 @@ class Conv1d(Op):
         if not (W == 1 and S == 1):    # else the windows are the units themselves
             taps = np.arange(Uo)[:, None] * S + np.arange(W)[None, :]          # (U', W)
             x = e.op("Gather", [x, e.const(taps, "taps", np.int64)], "windows", axis=1)
-        rows = e.op("Reshape", [x, e.ints([-1, W * C], "rows_shape")], "rows")  # (N·U', W·C)
         w = e.op("Reshape", [e.param(node, "weight"), e.ints([F, W * C], "w_shape")], "w2d")
-        z = e.op("Gemm", [rows, w, e.param(node, "bias")], "z", transB=1)     # (N·U', F)
-        # the activation after the Reshape: ONNX Runtime (1.15 at least) fuses a Gemm followed
-        # by an activation into FusedGemm, which it has in float32 only
+        z = e.linear(e.rows(x, W * C), w, e.param(node, "bias"))         # (N·U', F)
         return e.act(e.reshape(z, (Uo, F)), act)
 
     def params(self, node):

@@ -27,14 +27,9 @@ class Dense(Op):
 
 
     def onnx(self, node, e):
-        x = e.reshape(e.x(node), (node.inputs[0].size,), "flat")
-        ins = [x, e.param(node, "weight")] + ([e.param(node, "bias")] if node.attrs["bias"] else [])
-        z = e.op("Gemm", ins, "z", transB=1)
-        if node.attrs["activation"] == "none":
-            return z
-        # not straight after the Gemm: ONNX Runtime (1.15) fuses Gemm + activation into a
-        # float32-only operator, which a float64 model then fails to load with
-        return e.act(e.reshape(z, node.shape, "zr"), node.attrs["activation"])
+        z = e.linear(e.rows(e.x(node), node.inputs[0].size, "flat"), e.param(node, "weight"),
+                     e.param(node, "bias") if node.attrs["bias"] else None)
+        return e.act(e.reshape(z, node.shape, "z_shaped"), node.attrs["activation"])
 
     def params(self, node):
         units, fan_in = node.attrs["units"], node.inputs[0].size

@@ -151,11 +151,10 @@ class GraphAttention(Op):
         eye = np.eye(U, dtype=bool)
         masks = np.stack([con | eye, ~con | eye])[:, None]            # (2, 1, U, U)
 
-        rows = e.op("Reshape", [e.x(node), e.ints([-1, W], "rows_shape")], "rows")   # (N·U, W)
+        rows = e.rows(e.x(node), W)                                   # (N·U, W)
         qkv = {}
         for p, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
-            y = e.op("Gemm", [rows, e.param(node, f"{p}.weight"), e.param(node, f"{p}.bias")],
-                     p, transB=1)                                     # (N·U, H·dk)
+            y = e.linear(rows, e.param(node, f"{p}.weight"), e.param(node, f"{p}.bias"), p)  # (N·U, H·dk)
             y = e.reshape(y, (U, H, DK), f"{p}_heads")                # (N, U, H, dk)
             qkv[p] = e.op("Transpose", [y], f"{p}_t", perm=perm)      # Q, V (N, H, U, dk); Kᵀ (N, H, dk, U)
         s = e.op("Mul", [e.op("MatMul", [qkv["q"], qkv["k"]], "qk"),
@@ -172,9 +171,8 @@ class GraphAttention(Op):
         o = e.op("MatMul", [a, e.op("Unsqueeze", [qkv["v"], e.ints([1], "v_axis")], "v_sets")],
                  "o_sets")                                            # (N, 2, H, U, dk)
         o = e.op("Transpose", [o], "o_t", perm=[0, 3, 1, 2, 4])       # (N, U, 2, H, dk)
-        o = e.op("Reshape", [o, e.ints([-1, 2 * HD], "o_shape")], "o_rows")  # (N·U, 2·H·dk)
-        y = e.op("Gemm", [o, e.param(node, "out.weight"), e.param(node, "out.bias")], "out",
-                 transB=1)                                            # (N·U, W)
+        o = e.rows(o, 2 * HD, "o_rows")                                # (N·U, 2·H·dk)
+        y = e.linear(o, e.param(node, "out.weight"), e.param(node, "out.bias"), "out")  # (N·U, W)
         return e.reshape(y, (U, W), "y")
 
     def _dims(self, node, ctx):

@@ -47,12 +47,9 @@ class GraphConv(Op):
 
     def onnx(self, node, e):
         (U, W), F = node.inputs[0].shape, node.attrs["width"]
-        rows = e.op("Reshape", [e.x(node), e.ints([-1, W], "rows_shape")], "rows")  # (N·U, W)
-        # each branch reshaped before its activation: ONNX Runtime (1.15 at least) fuses a Gemm
-        # followed by an activation into FusedGemm, which it has in float32 only
-        z = {b: e.reshape(e.op("Gemm", [rows, e.param(node, f"{b}.weight"),
-                                        e.param(node, f"{b}.bias")], f"z{b[0]}", transB=1),
-                          (U, F), f"z{b[0]}_units") for b in ("filter", "state")}
+        rows = e.rows(e.x(node), W)                                        # (N·U, W)
+        z = {b: e.reshape(e.linear(rows, e.param(node, f"{b}.weight"), e.param(node, f"{b}.bias"),
+                                   f"z{b[0]}"), (U, F), f"z{b[0]}_units") for b in ("filter", "state")}
         return e.op("Mul", [e.act(z["filter"], "sigmoid", "gate"),
                             e.act(z["state"], "leaky_relu", "state")], "gated")
 

@@ -109,12 +109,9 @@ class MultiWindowConv(Op):
         for i, n in enumerate(wins):
             taps = np.arange(P)[:, None] * S - _left(n) + lpad + np.arange(n)[None, :]   # (P, n)
             g = e.op("Gather", [x, e.const(taps, f"taps{i}", np.int64)], f"windows{i}", axis=2)
-            rows = e.op("Reshape", [g, e.ints([-1, n], f"rows{i}_shape")], f"rows{i}")
-            cols.append(e.op("Gemm", [rows, e.param(node, f"weight.{i}"),
-                                      e.param(node, f"bias.{i}")], f"z{i}", transB=1))
+            cols.append(e.linear(e.rows(g, n, f"rows{i}"), e.param(node, f"weight.{i}"),
+                                 e.param(node, f"bias.{i}"), f"z{i}"))
         z = cols[0] if len(cols) == 1 else e.op("Concat", cols, "z", axis=1)   # (N·V·P, O)
-        # the activation after the Reshape (a Gemm followed by an activation is fused by ONNX
-        # Runtime into FusedGemm, which it has in float32 only)
         return e.act(e.reshape(z, (V, P, O)), a["activation"])
 
     # -- constants shared by every kernel ----------------------------------------------------
