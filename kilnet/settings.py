@@ -74,6 +74,9 @@ class Settings:
                              "command_buffer, ctypes, pyopencl")
     dump_kernels: str = _variable("KILNET_DUMP_KERNELS", _text,
                                   "a folder to write every kernel source built")
+    build_processes: int = _variable("KILNET_BUILD_PROCESSES", _count, "processes that build a "
+                                     "model's programs at once, on Intel's CPU runtime (default: "
+                                     "the cores this process may use; 1: this one alone)")
     cache_dir: str = _variable("KILNET_CACHE_DIR", _text, "the cache folder (default "
                                "$XDG_CACHE_HOME/kilnet or ~/.cache/kilnet)")
     mpi_timeout: float = _variable("KILNET_MPI_TIMEOUT", _seconds, "seconds a rank waits for "

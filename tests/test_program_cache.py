@@ -115,3 +115,77 @@ def test_compiled_templates_are_kept_on_disk_and_a_damaged_one_is_compiled_again
     entry.write_bytes(b"not bytecode")
     assert env().get_template("t").render(x=3) == "3!"
     assert [p.suffix for p in tmp_path.iterdir()] == [".jinja"]     # replaced whole, no temp left
+
+
+# -- building in child processes (program.build_all, runtime/build_child.py) -----------------
+def small_graph():
+    g = kn.Graph("children")
+    x = g.input("x", (6, 3))
+    h = kn.conv1d(x, 4, 3, activation="tanh")
+    h = kn.dense(kn.batchnorm(h), 5, activation="gelu")
+    g.output("y", kn.softmax(h))
+    return g
+
+
+def trained(monkeypatch, cache, processes):
+    """A compile as a new process would do it (no program kept in memory), trained 2 steps."""
+    devmod.context(devmod.select(None))[2].clear()
+    monkeypatch.setenv("KILNET_CACHE_DIR", str(cache))
+    monkeypatch.setenv("KILNET_BUILD_PROCESSES", str(processes))
+    m = kn.compile(small_graph(), batch=3, optimizer=kn.Adam(), loss="cross_entropy")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 6, 3))
+    t = rng.random((3, 5))
+    losses = [m.train_step({"x": x}, {"y": t / t.sum(-1, keepdims=True)}) for _ in range(2)]
+    return m, losses, m.forward({"x": x})["y"]
+
+
+@pytest.fixture
+def in_children(monkeypatch):
+    """Child builds for this device's implementation (Intel's runtime has them; PoCL is made to
+    here, so that the test runs on either), from the first uncached program on."""
+    here = devmod.implementation(devmod.select(None))
+    monkeypatch.setattr(program, "IN_CHILDREN", (here,))
+    monkeypatch.setattr(program, "PER_CHILD", 1)
+
+
+def test_programs_built_by_child_processes_run_as_those_built_here(tmp_path, monkeypatch,
+                                                                  in_children):
+    alone, losses1, y1 = trained(monkeypatch, tmp_path / "one", 1)
+    assert alone._exec.build_report["children"] == 0
+    shared, losses2, y2 = trained(monkeypatch, tmp_path / "two", 3)
+    report = shared._exec.build_report
+    assert report["children"] == 2 and report["cached"] == 0, report
+    assert 1 <= report["built_by_children"] < report["programs"], report   # this one built too
+    assert losses1 == losses2 and np.array_equal(y1, y2)
+    # the children's binaries are the cache's: a third compile loads them (and, but where this
+    # process saves its own binaries only the second time, PoCL's, builds nothing)
+    third, _, y3 = trained(monkeypatch, tmp_path / "two", 3)
+    deferred = devmod.implementation(devmod.select(None)) in program.DEFERRED
+    assert third._exec.build_report["cached"] >= report["built_by_children"]
+    assert deferred or third._exec.build_report["cached"] == report["programs"]
+    assert np.array_equal(y1, y3)
+
+
+def test_a_child_that_fails_only_costs_time(tmp_path, monkeypatch, in_children):
+    dead = tmp_path / "dead.py"
+    dead.write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.setattr(program, "CHILD_SCRIPT", str(dead))
+    m, losses, y = trained(monkeypatch, tmp_path / "c", 2)
+    assert m._exec.build_report["children"] == 1 and m._exec.build_report["built_by_children"] == 0
+    _, losses1, y1 = trained(monkeypatch, tmp_path / "one", 1)
+    assert losses == losses1 and np.array_equal(y, y1)
+
+
+def test_a_source_that_does_not_build_is_reported_by_this_process(cache, in_children):
+    ctx, queue, _ = devmod.context(devmod.select(None))
+    items = [(f"k{i}", SOURCE.replace("twice", f"k{i}"), ()) for i in range(4)]
+    items.insert(2, ("broken", "__kernel void broken(__global float* x) { x[0] = y; }", ()))
+    with pytest.raises(kn.CompileError, match="OpenCL build of kernel 'broken' failed"):
+        program.build_all((ctx, queue, {}), items, cache_dir=settings.read().cache,
+                          where=devmod.index_of(devmod.select(None)), processes=2)
+    report = {}
+    good = [it for it in items if it[0] != "broken"]
+    out = program.build_all((ctx, queue, {}), good, cache_dir=settings.read().cache,
+                            where=devmod.index_of(devmod.select(None)), processes=2, report=report)
+    assert sorted(out) == sorted(name for name, _s, _o in good) and report["cached"] >= 2

@@ -18,7 +18,8 @@ BAD = {"KILNET_DEVICE": "no-such-device", "KILNET_TARGET": "tpu", "KILNET_PLAN_K
        "KILNET_PLAN_MERGE": "no", "KILNET_PLAN_GROUPS": "zero", "KILNET_VECTOR_BYTES": "48",
        "KILNET_CPU_PRODUCTS": "intel/48", "KILNET_SCHEDULES": "/nonexistent/table.json",
        "KILNET_ENQUEUE": "graph", "KILNET_DUMP_KERNELS": "/proc/no/dump",
-       "KILNET_CACHE_DIR": "/proc/no/cache", "KILNET_MPI_TIMEOUT": "soon"}
+       "KILNET_CACHE_DIR": "/proc/no/cache", "KILNET_MPI_TIMEOUT": "soon",
+       "KILNET_BUILD_PROCESSES": "0"}
 
 
 def test_every_variable_has_a_bad_value_here():

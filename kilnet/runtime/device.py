@@ -89,6 +89,11 @@ def _pairs():
     return [(pi, di, p, d) for pi, p in enumerate(_platforms()) for di, d in enumerate(p.get_devices())]
 
 
+def index_of(device):
+    """``device``'s (platform, device) index pair in this process's listing, or None."""
+    return next(((pi, di) for pi, di, _p, d in _pairs() if d.int_ptr == device.int_ptr), None)
+
+
 def implementation(device):
     """A short name for the OpenCL implementation behind `device`: intel, pocl, nvidia, amd,
     oclgrind, or the platform vendor's first word."""
@@ -167,7 +172,7 @@ def probe(device, where=None):
         _probes[key] = known[key]["error"]
         return _probes[key]
     if where is None:
-        where = next(((pi, di) for pi, di, _p, d in _pairs() if d.int_ptr == device.int_ptr), None)
+        where = index_of(device)
     if implementation(device) in IN_PROCESS and _is_gpu(device):
         error = build_and_run(device, shared=True)
     elif where is None or not sys.executable:

@@ -14,7 +14,7 @@ from . import device as devmod
 from . import extents, submit
 from .extents import SENTINEL
 from .plan_kernel import PlanKernelSubmit, groups_for, options as plan_kernel_options
-from .program import build
+from .program import build, build_all, processes_for
 
 NP_DTYPE = {"float32": np.float32, "float64": np.float64}
 GUARD = 64      # elements of guard before and after each buffer with debug_buffers (keeps alignment)
@@ -56,6 +56,7 @@ class Executor:
                                     printf=any("printf" in s for s in plan.sources.values()),
                                     setting=settings.enqueue)
         groups = groups_for(self.device, settings.plan_groups) if plan.plan_kernel else None
+        self.build_report = {}          # build_all's counts: programs, cached, children, ...
         programs = self._build_all()
         kernels = {launch.name: cl.Kernel(programs[launch.kernel], launch.kernel)
                    for launch in plan.launches}
@@ -78,11 +79,17 @@ class Executor:
         plan = self.plan
         pk = plan.plan_kernel.name if plan.plan_kernel is not None else None
 
+        def options(name):
+            return plan_kernel_options(self.device) if name == pk else ()
+
         def one(name):
-            return self.program(name, plan.sources[name],
-                                plan_kernel_options(self.device) if name == pk else ())
+            return self.program(name, plan.sources[name], options(name))
         if pk is None or devmod.implementation(self.device) not in CONCURRENT_BUILDS:
-            return {k: one(k) for k in plan.sources}
+            return build_all(self._dc, [(k, plan.sources[k], options(k)) for k in plan.sources],
+                             cache_dir=self.settings.cache, dump=self.settings.dump_kernels,
+                             where=devmod.index_of(self.device),
+                             processes=processes_for(self.settings.build_processes),
+                             report=self.build_report)
         with ThreadPoolExecutor(1) as pool:
             big = pool.submit(one, pk)
             out = {k: one(k) for k in plan.sources if k != pk}
