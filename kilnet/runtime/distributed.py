@@ -32,8 +32,10 @@ from ..graph import to_dict
 from .device import SIMULATORS, implementation
 
 DEFAULT_BUCKET_BYTES = 4 << 20      # overlap=True: reduce the gradients in buckets of ~4 MiB
-_POLL_S = (20e-6, 1e-3)     # polling backs off from 20 µs to 1 ms (a fixed 50 µs poll cost W1
-                            # on 2 shared cores 2.5x: the sleeping thread kept waking PoCL's)
+_POLL_S = (20e-6, 1e-3)     # overlap: polling a bucket's copy while backward runs backs off from
+                            # 20 µs to 1 ms (a fixed 50 µs poll cost W1 on 2 shared cores 2.5x:
+                            # the sleeping thread kept waking PoCL's)
+_YIELD_EVERY = 256          # wait(): MPI_Test this many times between sched_yield calls
 DEFAULT_TIMEOUT_S = 600.0           # as torch.distributed's default; KILNET_MPI_TIMEOUT changes it
 
 
@@ -51,18 +53,33 @@ def wait(reqs, what, limit=DEFAULT_TIMEOUT_S):
     settings' KILNET_MPI_TIMEOUT, ``limit_of``) raise RankTimeout naming ``what``. A process
     that is killed or crashes is ended by mpiexec (MPICH aborts the
     job when a rank dies without MPI_Finalize) and an uncaught exception aborts through
-    ``abort_on_uncaught_exception``; this bound covers a rank that leaves cleanly or hangs."""
+    ``abort_on_uncaught_exception``; this bound covers a rank that leaves cleanly or hangs.
+
+    It polls as MPI_Wait does: MPI_Test after MPI_Test, a sched_yield every _YIELD_EVERY tests
+    (MPICH's Wait yields every MPIR_CVAR_POLLS_BEFORE_YIELD=1000 polls). The transfers of a large
+    all-reduce move only inside MPI calls, so sleeping between tests stalls them. An Iallreduce
+    of 12 MiB over 2 ranks:
+    - MPICH's single-copy path (CMA) off, as MPICH sets it under Yama's ptrace_scope >= 1: the
+      data crosses in 8 KiB cells, about one per test; sleeping 20 µs to 1 ms between tests
+      (this function until 2026-12-02) took 1.82 s, MPI_Wait 5.7 ms, this loop 8.2 ms (2-core
+      EPYC VM, ``MPIR_CVAR_CH4_CMA_ENABLE=0 mpiexec -n 2 python benchmarks/allreduce_host.py
+      --mib 12``);
+    - with CMA: sleeping 3.64 ms, MPI_Wait 2.74, this loop 2.49 (H200 host, ``mpiexec -n 2
+      python benchmarks/allreduce_host.py``).
+    A yield after every test took 1.1-1.3x Wait's time, one every 256 tests about Wait's (CMA
+    off, the VM under load, _YIELD_EVERY edited, one run each). Results:
+    benchmarks/results/cpu-allreduce-host-2026-12-02.txt and
+    nvidia-h200-allreduce-host-2026-12-02.txt."""
     MPI = mpi()
     if limit is None:
         MPI.Request.Waitall(reqs)
         return
     deadline = time.monotonic() + limit
-    spins, pause = 0, _POLL_S[0]
+    spins = 0
     while not MPI.Request.Testall(reqs):
         spins += 1
-        if spins > 200:                  # after a short spin, poll without burning a core
-            time.sleep(pause)
-            pause = min(2 * pause, _POLL_S[1])
+        if spins % _YIELD_EVERY == 0:
+            os.sched_yield()         # another thread or rank on this core runs first
             if time.monotonic() > deadline:
                 raise RankTimeout(
                     f"{what}: not every rank took part within {limit:g} s (KILNET_MPI_TIMEOUT): "
