@@ -49,6 +49,9 @@ def test_two_ranks_train_as_one_process_with_twice_the_batch(tmp_path):
         assert a["grad_loss"] == pytest.approx(a["ref_grad_loss"], rel=1e-12)
         # Every rank ends every step with bit-identical parameters (and synced statistics).
         assert a["digest"] == b["digest"], case
+        # ...exchanging through persistent all-reduces (the MPICH wheel is MPI-4)
+        for r in (a, b):
+            assert r["persistent"], case
     assert r0["adam_syncbn"]["state_digest"] == r1["adam_syncbn"]["state_digest"]
     # kn.fit sharded the global batches and counts every rank's samples.
     assert r0["sgd"]["samples"] == r1["sgd"]["samples"] == 4 * RANKS * 4

@@ -2,13 +2,24 @@
 the batch, the same plan and bit-identical parameters.
 
 A step on each rank is: forward, loss, backward (its own B samples), then the ranks sum the
-gradient arena with one ``Allreduce`` (or, with ``overlap``, one ``Iallreduce`` per bucket,
-started as soon as backward has finished the bucket), and the optimizer launch scales the sum by
-1/ranks (``scal[3]``, so the mean costs no pass of its own). The loss and a non-finite flag are
-summed alongside. Data path: device → host (``enqueue_copy`` into one host array laid out like
-the gradient arena) → MPI → host → device. A device-aware MPI could take the arena's device
-pointer instead and skip both copies; OpenCL buffers have no such path (MPI libraries know CUDA,
-ROCm and Level Zero pointers, not cl_mem), so the copies stay.
+gradient arena with one all-reduce (or, with ``overlap``, one per bucket, started as soon as
+backward has finished the bucket), and the optimizer launch scales the sum by 1/ranks
+(``scal[3]``, so the mean costs no pass of its own). The loss and a non-finite flag are summed
+alongside. Data path: device → host (``enqueue_copy`` into one host array laid out like the
+gradient arena) → MPI → host → device. A device-aware MPI could take the arena's device pointer
+instead and skip both copies; OpenCL buffers have no such path (MPI libraries know CUDA, ROCm and
+Level Zero pointers, not cl_mem), so the copies stay.
+
+The all-reduces are persistent requests (MPI-4 ``Allreduce_init``, one per bucket) made once on
+the host array and started each step. A fresh ``Iallreduce`` makes MPICH build its schedule and
+allocate its temporary buffer (half the arena) per call; above glibc's mmap threshold (32 MiB at
+most) that buffer is mapped anew each time and faulted in 4 KiB pages: 65,538 minor faults per
+call for 512 MiB, 347 ms (the 1.7 GB/s of issue 37) against 189 ms for the persistent request on
+the H200 host, 361 against 144 ms on a 2-core EPYC VM (``mpiexec -n 2 python
+benchmarks/allreduce_host.py``, benchmarks/results/nvidia-h200-allreduce-host-2026-12-02.txt and
+cpu-allreduce-host-2026-12-02.txt). Same algorithm (MPICH takes a persistent request's schedule
+from Iallreduce's selection), same sums. An MPI without MPI-4's persistent collectives falls back
+to ``Iallreduce`` per step.
 
 Batch norm with ``sync=True`` adds host steps (``plan.host_steps``) in the middle of forward and
 backward: the launch sequence is split there, each rank's small statistics buffer is read,
@@ -24,6 +35,7 @@ import os
 import pickle
 import sys
 import time
+import weakref
 
 import numpy as np
 
@@ -76,7 +88,7 @@ def wait(reqs, what, limit=DEFAULT_TIMEOUT_S):
         return
     deadline = time.monotonic() + limit
     spins = 0
-    while not MPI.Request.Testall(reqs):
+    while not test_all(reqs):
         spins += 1
         if spins % _YIELD_EVERY == 0:
             os.sched_yield()         # another thread or rank on this core runs first
@@ -84,6 +96,13 @@ def wait(reqs, what, limit=DEFAULT_TIMEOUT_S):
                 raise RankTimeout(
                     f"{what}: not every rank took part within {limit:g} s (KILNET_MPI_TIMEOUT): "
                     f"a rank has left (sys.exit mid-training) or is stuck")
+
+
+def test_all(reqs):
+    """MPI_Testall, one request at a time (each MPI_Test also drives progress): MPICH 5.0.2's
+    Testall returns MPI_ERR_IN_STATUS, every status MPI_SUCCESS, once a persistent collective
+    request (Allreduce_init) among them has completed; MPI_Test, Wait and Waitall do not."""
+    return all(req.Test() for req in reqs)
 
 
 def allgather_obj(comm, obj, what, limit=DEFAULT_TIMEOUT_S):
@@ -285,6 +304,23 @@ class Replicas:
         self.copy_queue = None
         self.seconds = {"reduce": 0.0, "staging": 0.0}
         self.steps = 0
+        # One persistent all-reduce per bucket on its range of ``host`` (None: this MPI has no
+        # Allreduce_init, Iallreduce per step). Collective: every rank makes them here, in order.
+        self.requests = None
+        if self.buckets and hasattr(comm, "Allreduce_init"):
+            try:
+                self.requests = [comm.Allreduce_init(MPI.IN_PLACE, [self.host[lo:hi],
+                                                                    self.mpi_dtype], op=MPI.SUM)
+                                 for lo, hi in self.buckets]
+            except NotImplementedError:          # mpi4py on an MPI-3 library
+                self.requests = None
+        # Freed when the Replicas goes (or at close()); the finalizer holds them, not the Replicas.
+        self._release = weakref.finalize(self, _release, MPI, self.requests or [])
+
+    def close(self):
+        """Free the persistent requests; the Replicas exchanges nothing afterwards. Runs by itself
+        when the Replicas is collected."""
+        self._release()
 
     # -- start --------------------------------------------------------------------------------
     def broadcast(self):
@@ -367,8 +403,7 @@ class Replicas:
             if self.host.size:
                 self.exec.read_span("grad", 0, self.host.size, self.host)
             t1 = time.perf_counter()
-            reqs = [self.comm.Iallreduce(MPI.IN_PLACE, [self.host, self.mpi_dtype], op=MPI.SUM)] \
-                if self.host.size else []
+            reqs = [self._start(0)] if self.host.size else []
             total = self._loss_sum(loss, reqs)
             self.seconds["staging"] += t1 - t0
             self.seconds["reduce"] += time.perf_counter() - t1
@@ -402,13 +437,21 @@ class Replicas:
                 pause = _POLL_S[0]
                 while ev.command_execution_status > 0:    # not complete: keep MPI progressing
                     if reqs:
-                        MPI.Request.Testall(reqs)
+                        test_all(reqs)
                     time.sleep(pause)
                     pause = min(2 * pause, _POLL_S[1])
-            lo, hi = self.buckets[k]
-            reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, [self.host[lo:hi], self.mpi_dtype],
-                                             op=MPI.SUM))
+            reqs.append(self._start(k))
         return self._loss_sum(loss(), reqs)
+
+    def _start(self, k):
+        """Start the sum over the ranks of bucket ``k`` of ``host``, in place; its request."""
+        if self.requests is not None:
+            req = self.requests[k]
+            req.Start()
+            return req
+        lo, hi = self.buckets[k]
+        return self.comm.Iallreduce(self.MPI.IN_PLACE, [self.host[lo:hi], self.mpi_dtype],
+                                    op=self.MPI.SUM)
 
     def _loss_sum(self, loss, reqs):
         """Sum [loss, non-finite flag] over the ranks, then wait for ``reqs`` (the gradients'
@@ -430,6 +473,17 @@ class Replicas:
         wait([self.comm.Iallreduce(self.MPI.IN_PLACE, [buf, self.MPI.DOUBLE], op=self.MPI.SUM)],
              "loss all-reduce", self.limit)
         return buf
+
+
+def _release(MPI, requests):
+    """Free the persistent ``requests`` (before MPI_Finalize: mpi4py finalizes MPI after Python's
+    exit handlers, among them weakref.finalize's)."""
+    if not MPI.Is_finalized():
+        for req in requests:
+            try:
+                req.Free()
+            except MPI.Exception:       # still active: a step that timed out (RankTimeout)
+                pass
 
 
 def _shifted(array, offset):
