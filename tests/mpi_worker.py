@@ -6,8 +6,8 @@ equivalence: 2 ranks of batch B against one process of batch 2B (rank 0 compiles
     itself, without a communicator) in float64, with SGD + momentum (through kn.fit, which shards
     the global batches), Adam with bucketed overlap, and Adam with batchnorm(sync=True); a
     checkpoint saved by the 2 ranks continued in one process and loaded on both ranks; a
-    non-finite loss on one rank. Each case reports whether its all-reduces were persistent
-    requests, then closes its Replicas.
+    non-finite loss on one rank. Each case reports its exchange's host memory and whether its
+    all-reduces were persistent requests, then closes its Replicas.
 mismatch: rank 1 compiles another graph, then another batch, then another dtype.
 kill: rank 1 kills itself with SIGKILL at step 2; rank 0 must not finish.
 """
@@ -80,8 +80,8 @@ def equivalence(out):
             samples = None
         rec = {"losses": losses, "samples": samples, "digest": digest(params_of(model)),
                "state_digest": digest({k: model.params[k] for k in model.plan.state}),
-               # the gradient exchange's persistent all-reduce requests
-               "persistent": model._dist.requests is not None}
+               # the gradient exchange's host copy and its persistent all-reduce requests
+               "staging": model._dist.staging, "persistent": model._dist.requests is not None}
         if rank == 0:
             ref = kn.compile(graph(bn=bn), batch=N * B, optimizer=opt(), loss="mse",
                              dtype="float64", seed=0)
@@ -114,7 +114,7 @@ def equivalence(out):
                 rec["ckpt_step"] = one.step
                 rec["ckpt_err"] = max_rel(params_of(one), params_of(model))
                 rec["ckpt_loss_err"] = max(abs(a - b) for a, b in zip(after, one_losses))
-        model._dist.close()         # requests freed
+        model._dist.close()         # requests freed, host copy unmapped and released
         report[name] = rec
 
     # A NaN on rank 1 only: every rank sees the non-finite loss and skips the update.

@@ -49,8 +49,10 @@ def test_two_ranks_train_as_one_process_with_twice_the_batch(tmp_path):
         assert a["grad_loss"] == pytest.approx(a["ref_grad_loss"], rel=1e-12)
         # Every rank ends every step with bit-identical parameters (and synced statistics).
         assert a["digest"] == b["digest"], case
-        # ...exchanging through persistent all-reduces (the MPICH wheel is MPI-4)
+        # ...exchanging through a pinned (mapped) host copy and persistent all-reduces (the
+        # MPICH wheel is MPI-4)
         for r in (a, b):
+            assert r["staging"].startswith("pinned"), (case, r["staging"])
             assert r["persistent"], case
     assert r0["adam_syncbn"]["state_digest"] == r1["adam_syncbn"]["state_digest"]
     # kn.fit sharded the global batches and counts every rank's samples.
