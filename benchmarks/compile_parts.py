@@ -9,7 +9,9 @@ fresh cache runs once); lowering (our passes and Jinja2 rendering); then buildin
 program of the plan three ways, each build followed by making its kernels and asking one for
 its local memory (which finishes NVIDIA's JIT): one at a time; from THREADS threads at once;
 and the separate launches' kernels as one program (an export bundle's kernels.cl) with the plan
-kernel apart. Sources are varied between the ways so that no build is served from an earlier.
+kernel apart; then program.build_all as a compile runs it, in one process and, where the
+runtime builds in child processes too (Intel's CPU runtime), in as many as there are cores.
+Sources are varied between the ways so that no build is served from an earlier.
 """
 import argparse
 import os
@@ -100,6 +102,19 @@ def main(argv=None):
                                                 (pk, plan.sources[pk] + "\n/* two */\n")]))
         print(f"{time.perf_counter() - t:.2f} s", end="")
     print()
+    # program.build_all as a compile runs it: in child processes too where the runtime allows
+    # (IN_CHILDREN), into this run's empty cache, the sources varied again
+    from kilnet.runtime import program
+    cores = program.processes_for(None)
+    for procs in (1, cores) if cores > 1 else (1,):
+        items = [(k, s, ()) for k, s in vary(f"build_all {procs}")]
+        report = {}
+        t = time.perf_counter()
+        program.build_all((ctx, None, {}), items, cache_dir=settings.cache,
+                          where=devmod.index_of(dev), processes=procs, report=report)
+        print(f"build_all in {procs} process(es): {time.perf_counter() - t:.2f} s "
+              f"({report['built_by_children']} of {report['programs']} built by "
+              f"{report['children']} child process(es))")
     return 0
 
 
