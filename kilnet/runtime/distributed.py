@@ -52,9 +52,9 @@ from ..graph import to_dict
 from .device import SIMULATORS, implementation
 
 DEFAULT_BUCKET_BYTES = 4 << 20      # overlap=True: reduce the gradients in buckets of ~4 MiB
-_POLL_S = (20e-6, 1e-3)     # overlap: polling a bucket's copy while backward runs backs off from
-                            # 20 µs to 1 ms (a fixed 50 µs poll cost W1 on 2 shared cores 2.5x:
-                            # the sleeping thread kept waking PoCL's)
+_POLL_S = (20e-6, 1e-3)     # overlap on a CPU device: polling a bucket's copy while backward runs
+                            # backs off from 20 µs to 1 ms (a fixed 50 µs poll cost W1 on 2
+                            # shared cores 2.5x: the sleeping thread kept waking PoCL's)
 _YIELD_EVERY = 256          # wait(): MPI_Test this many times between sched_yield calls
 DEFAULT_TIMEOUT_S = 600.0           # as torch.distributed's default; KILNET_MPI_TIMEOUT changes it
 
@@ -426,6 +426,11 @@ class Replicas:
             self.copy_queue = cl.CommandQueue(self.exec.ctx, self.exec.device)
         ready = self._ready(seq)
         order = sorted(range(len(self.buckets)), key=lambda k: (ready[k], k))
+        # While a bucket's copy runs, the buckets already started move only inside MPI calls:
+        # with the kernels on a GPU, poll as wait() does (sleeping stalls them, as it stalled
+        # wait()); with them on the CPU's cores, back off (_POLL_S), which leaves those cores
+        # to the kernels.
+        spin = bool(self.exec.device.type & cl.device_type.GPU)
         n_loss = next((i for i, launch in enumerate(seq) if launch.phase == "backward"), len(seq))
         run(seq[:n_loss])
         loss = read_loss(blocking=False)       # enqueued now, summed once the data is there
@@ -445,12 +450,17 @@ class Replicas:
         reqs = []
         for k in order:
             for ev in events[k]:
-                pause = _POLL_S[0]
+                pause, polls = _POLL_S[0], 0
                 while ev.command_execution_status > 0:    # not complete: keep MPI progressing
                     if reqs:
                         test_all(reqs)
-                    time.sleep(pause)
-                    pause = min(2 * pause, _POLL_S[1])
+                    if spin:
+                        polls += 1
+                        if polls % _YIELD_EVERY == 0:
+                            os.sched_yield()
+                    else:
+                        time.sleep(pause)
+                        pause = min(2 * pause, _POLL_S[1])
             reqs.append(self._start(k))
         return self._loss_sum(loss(), reqs)
 
