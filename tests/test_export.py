@@ -369,39 +369,28 @@ def _offset_of_first_arena_arg(value, line=None):
     return damage
 
 
-def _first_arena_arg(fn):
-    state = {"done": False}
-
-    def pick(ln):
-        if state["done"] or not (ln.startswith("arg ") and " arena " in ln):
-            return False
-        state["done"] = True
-        return True
-
+def _first_line(which, fn):
+    """Damage the first plan.txt line for which ``which`` is true with ``fn`` (sealed again)."""
     def damage(b):
-        state["done"] = False
+        seen = []
+
+        def pick(ln):
+            if seen or not which(ln):
+                return False
+            seen.append(ln)
+            return True
         _plan_line(pick, fn)(b)
     return damage
 
 
+def _first_arena_arg(fn):
+    return _first_line(lambda ln: ln.startswith("arg ") and " arena " in ln, fn)
+
+
 def _launch_sizes(g, loc):
     """The first launch's global and local sizes (three numbers each)."""
-    return _first_launch(lambda f: f[:3] + g + loc + f[9:])
-
-
-def _first_launch(fn):
-    state = {"done": False}
-
-    def pick(ln):
-        if state["done"] or not ln.startswith("launch "):
-            return False
-        state["done"] = True
-        return True
-
-    def damage(b):
-        state["done"] = False
-        _plan_line(pick, lambda ln: " ".join(fn(ln.split(" "))))(b)
-    return damage
+    return _first_line(lambda ln: ln.startswith("launch "),
+                       lambda ln: " ".join((f := ln.split(" "))[:3] + g + loc + f[9:]))
 
 
 # Each: (damage, what the runner's message says). Those of plan.txt's records are sealed again,

@@ -206,22 +206,23 @@ def test_predict_takes_one_sample_as_row_0_of_a_zero_batch(bundles, name):
     assert f"if(ArraySize(sample)!={s_in})" in predict
     # the whole batch: zeros, then the sample in row 0 of every input
     assert f"ArrayResize(in,{n_in});" in predict and "ArrayInitialize(in,0);" in predict
-    copies = re.findall(r"for\(i=0; i<(\d+); i\+\+\)[^\n]*\n\s*in\[(?:(\d+)\+)?i\]="
-                        r"sample\[(?:(\d+)\+)?i\];", predict)
-    want, at, batch_at = [], 0, 0
-    for r in doc["inputs"]:
-        want.append((r["count"] // n, batch_at, at))
-        at, batch_at = at + r["count"] // n, batch_at + r["count"]
-    assert [(int(c), int(b or 0), int(s or 0)) for c, b, s in copies] == want
+    def row_copies(dst, src):
+        """(count, dst offset, src offset) of Predict's loops copying ``src`` into ``dst``."""
+        found = re.findall(rf"for\(i=0; i<(\d+); i\+\+\)[^\n]*\n\s*{dst}\[(?:(\d+)\+)?i\]="
+                           rf"{src}\[(?:(\d+)\+)?i\];", predict)
+        return [(int(c), int(d or 0), int(s or 0)) for c, d, s in found]
+
+    def rows(regions):
+        """(per-sample count, offset in the sample, offset in the whole batch) per region."""
+        out, at, batch_at = [], 0, 0
+        for r in regions:
+            out.append((r["count"] // n, at, batch_at))
+            at, batch_at = at + r["count"] // n, batch_at + r["count"]
+        return out
+    assert row_copies("in", "sample") == [(c, b, a) for c, a, b in rows(doc["inputs"])]
     # Forward on it, and row 0 of every output back
     assert predict.index("ArrayInitialize(in,0);") < predict.index("if(!Forward(in,all))")
-    reads = re.findall(r"for\(i=0; i<(\d+); i\+\+\)[^\n]*\n\s*out\[(?:(\d+)\+)?i\]="
-                       r"all\[(?:(\d+)\+)?i\];", predict)
-    want, at, batch_at = [], 0, 0
-    for r in doc["outputs"]:
-        want.append((r["count"] // n, at, batch_at))
-        at, batch_at = at + r["count"] // n, batch_at + r["count"]
-    assert [(int(c), int(o or 0), int(a or 0)) for c, o, a in reads] == want
+    assert row_copies("out", "all") == rows(doc["outputs"])
     assert f"ArrayResize(out,{defines[f'{up}_SAMPLE_OUT']});" in predict
     assert "batch is this sample and zeros" in comment_above(text, "Predict")   # documented
     # Forward's own writes and reads are untouched by it: the whole batch
