@@ -47,6 +47,13 @@ SWEEP = {    # variants per shape (the policy's choice is always timed first)
     "W1-head": [dict(tiles=[32, 32, 4, 4], split=4)],
 }
 SWEEP["W1-dense1"] = SWEEP["W1-dense0"]
+# A CPU device's variants, the same for every shape (policy/schedule.py's gemm_vec fields): the
+# register block (k-vector form: RM×RN accumulators; n-vector form: RM rows × RN vectors), the
+# n-vector form's k-chunk (depth) and rows per work-item (rows), and its work-group along n.
+# AVX-512 has 32 vector registers, AVX2 16: blocks of 16-28 accumulators fit only the first.
+CPU_SWEEP = [dict(block=[4, 2]), dict(block=[2, 4]), dict(block=[4, 4]), dict(block=[8, 2]),
+             dict(block=[6, 3]), dict(block=[8, 3]), dict(block=[12, 2]), dict(block=[14, 2]),
+             dict(depth=64), dict(depth=256), dict(rows=128), dict(local=[16, 1, 1])]
 
 
 def model_for(shape, device, table):
@@ -214,14 +221,18 @@ def main(argv=None):
         shape = SHAPES[name]
         reps = a.reps or max(3, int(20e-3 / (flops(shape) / (0.2e12 if cpu else 30e12))))
         ref = torch_times(torch, shape, reps, tdev) if torch is not None else {}
-        variants = [None] + (SWEEP.get(name, []) if a.sweep else [])
+        variants = [None] + ((CPU_SWEEP if cpu else SWEEP.get(name, [])) if a.sweep else [])
         best = {}
         for v in variants:
             if v is not None and time.time() - start > a.budget:
                 print(f"# budget of {a.budget} s spent: {name} sweep stopped", flush=True)
                 break
-            table = {} if v is None else {"gemm": v}
-            model = model_for(shape, a.device, table)
+            table = {} if v is None else {"gemm_vec" if cpu else "gemm": v}
+            try:
+                model = model_for(shape, a.device, table)
+            except kn.CompileError as e:      # a variant that does not fit this shape
+                print(f"# {name} {json.dumps(v)}: {str(e).splitlines()[0]}", flush=True)
+                continue
             err = errors(model, shape, rng)
             if v is None and a.ptxas:
                 build_report(model)
