@@ -383,3 +383,66 @@ def test_batched_products_with_a_along_m_from_memory_prefetch_each_chunk_of_a(mo
     assert chunk_prefetches("intel/64", v_min) == {"att.backward_v"}
     assert chunk_prefetches("intel/64", k_min) == {"att.backward_v", "att.backward_k"}
     assert chunk_prefetches("intel", k_min) == set()
+
+
+def split_of(units, K, M=1, N=64, **shape):
+    t = Target("cpu", implementation="intel", compute_units=units, vector_bytes=64)
+    return t.schedule("gemm_vec", "p", "float", M=M, N=N, K=K, batch=1, kvec=False,
+                      a_along_m=True, **shape).split or 1
+
+
+def test_a_weight_gradient_into_few_outputs_splits_k_over_idle_units():
+    # W3's head weight gradient at batch 16 on a 16-core Xeon: 1 × 64 outputs, k = 32768, two
+    # work-items of 32 columns
+    assert split_of(16, 32768, splittable=True) == 8
+    assert split_of(2, 32768, splittable=True) == 1              # every unit has one already
+    assert split_of(16, 32768) == 1                              # not a contiguous M×N block
+    # only where a work-item has SPLIT_MIN_ITEM_MACS multiply-adds or more to do (here 32 × k),
+    # in slices of SPLIT_MIN_MACS or more that divide k
+    assert (schedule.SPLIT_MIN_ITEM_MACS, schedule.SPLIT_MIN_MACS) == (32 * 16384, 64 * 4096)
+    assert split_of(16, 16384, splittable=True) == 4
+    assert split_of(16, 16382, splittable=True) == 1
+    assert split_of(16, 8191 * 3, splittable=True) == 3          # 3 · 8191 (prime)
+
+
+def test_a_split_override_that_does_not_fit_is_refused(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"p": {"split": 3}}))
+    t = Target("cpu", implementation="intel", compute_units=2,
+               schedules=schedule.load_table(str(path)))
+    shape = dict(M=5, N=64, batch=1, kvec=False)
+    assert t.schedule("gemm_vec", "p", K=999, splittable=True, **shape).split == 3
+    for why, bad in (("divides its k = 1000", dict(shape, K=1000, splittable=True)),
+                     ("one contiguous output", dict(shape, K=999)),
+                     ("the n-vector form", dict(shape, K=999, kvec=True))):
+        with pytest.raises(kn.CompileError, match=f"'p'.*field 'split'.*{why}"):
+            t.schedule("gemm_vec", "p", **bad)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_split_weight_gradient_matches_numpy(implementation, monkeypatch, tmp_path, dtype):
+    """dW = dzᵀ·x summed over 1155 rows in 5 slices of 231 (forced by the table: this machine
+    may have too few cores for the policy to split), the slices added by a column sum; x's and
+    the bias's gradients and the forward beside it."""
+    path = tmp_path / "split.json"
+    path.write_text(json.dumps({"dense_1.backward_weight": {"split": 5}}))
+    monkeypatch.setenv("KILNET_SCHEDULES", str(path))
+    batch, n_in, n_out = 1155, 37, 5
+    g = kn.Graph("split")
+    g.output("y", kn.dense(g.input("x", (n_in,)), n_out, activation="tanh"))
+    m = kn.compile(g, batch=batch, loss="mse", dtype=dtype, input_grads=True, seed=3)
+    launches = {x.name: x for x in m.plan.launches}
+    assert launches["dense_1.backward_weight"].global_size[2] == 5
+    assert "dense_1.backward_weight_reduce" in launches
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((batch, n_in))
+    t = rng.standard_normal((batch, n_out))
+    W, b = m.params["dense_1.weight"].astype(np.float64), m.params["dense_1.bias"]
+    y = np.tanh(x @ W.T + b)
+    dz = 2 * (y - t) / t.size * (1 - y ** 2)
+    grads = m.gradients({"x": x}, {"y": t})
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=1e-11, atol=1e-13)
+    for got, ref in ((m.forward({"x": x})["y"], y), (grads["dense_1.weight"], dz.T @ x),
+                     (grads["x"], dz @ W), (grads["dense_1.bias"], dz.sum(0))):
+        np.testing.assert_allclose(got, ref, rtol=tol["rtol"],
+                                   atol=tol["atol"] * np.abs(ref).max())

@@ -98,7 +98,9 @@ def test_no_table_keeps_the_policy(monkeypatch, tmp_path):
     ({"dense_1.forward": {"split": 0}}, ["'dense_1.forward'", "'split'"]),
     ({"dense_1.forward": []}, ["'dense_1.forward'", "object"]),
     # fits the JSON but not the launch: checked as the plan is lowered, before any build
-    ({"dense_1.forward": {"split": 2}}, ["'dense_1.forward'", "'split'", "not tunable"]),
+    # (a CPU product splits k only in the n-vector form: gradients)
+    ({"dense_1.forward": {"split": 2}}, ["'dense_1.forward'", "'split'", "n-vector form"]),
+    ({"activation_1.forward": {"split": 2}}, ["'activation_1.forward'", "'split'", "not tunable"]),
     ({"dense_1.forward": {"local": [4, 1]}}, ["'dense_1.forward'", "'local'", "3 sizes"]),
     ({"map": {"local": [100000]}}, ["'map'", "'local'", "allows"]),
 ])

@@ -47,15 +47,28 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
                         written_extent)
     buffers = {"a": a, "w": w, "out": out}
     epilogue(consts, buffers, accumulate, bias, act, z, dscale, written_extent)
+    # A k-split's partial products are summed per output element by a column sum that then
+    # applies the epilogue, so the output must be one contiguous M×N block (b is 0 at batch 1).
+    splittable = batch == 1 and index.is_rows_of(c_idx, N)
+    epi = dict(accumulate=accumulate, bias=bias, act=act, z=z, dscale=dscale)
     if ctx.target.kind == "cpu":
-        return _vector_gemm(ctx, step, consts, buffers, batch)
+        s = _vec_schedule(ctx, step, consts, batch, splittable=splittable)
+        if not s.split or s.split == 1:
+            return _vec_kernel(ctx, step, consts, buffers, batch, s)
+        # Split-K on a CPU: K divides into the slices (the policy picks such a split), and
+        # slice b runs k over [b·kc, (b + 1)·kc) through its indices: no edge in k.
+        kc = K // s.split
+        assert kc * s.split == K, (step, K, s.split)
+        shift = {b: 0, k: k + b * kc}
+        consts.update(K=kc, a_pred=None if a_pred is None else index.c(a_pred.subs(shift)))
+        return _k_slices(ctx, step, consts, a, w, out, a_idx.subs(shift), b_idx.subs(shift),
+                         M=M, N=N, split=s.split, epi=epi,
+                         launch=lambda c, slices: _vec_kernel(ctx, step, c, slices, s.split, s,
+                                                              sliced=True))
     if M <= GEMV_ROWS and a_kfast and not b_nfast and a_pred is None and dscale is None:
         s = ctx.schedule(step, "gemv", K=K)
         return [kernel(step, "gemv", dict(consts, L=s.local[0]), buffers,
                        (N * s.local[0], 1, batch), s.local)]
-    # The slices' partial products are summed per output element by a column sum that then
-    # applies the epilogue, so the output must be one contiguous M×N block (b is 0 at batch 1).
-    splittable = batch == 1 and index.is_rows_of(c_idx, N)
     # The large-tile form steps through k by adding a constant stride to each address: each
     # operand must be affine in k. Where it is affine in m (A) or n (B) too, a lane's rows share
     # one base address; else each row it loads keeps its own (conv1d's rows: sample, position).
@@ -79,21 +92,30 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     if split == 1:
         glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch)
         return [kernel(step, template, consts, buffers, glob, local)]
-    # Split-K: few output tiles but a long k (dense layers at small batches, weight gradients
-    # summed over a large batch). Each z-slice sums one range of k into its own partial product;
-    # a column sum adds the slices and applies bias, activation and the stored pre-activation.
+    # The template bounds each slice's k by KC; the z-index names a slice, and the one batch
+    # entry is entry 0.
     kc = round_up(-(-K // split), TK)
     split = -(-K // kc)
+    consts.update(KC=kc, split=True)
+    glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
+    return _k_slices(ctx, step, consts, a, w, out, a_idx.subs(b, 0), b_idx.subs(b, 0), M=M, N=N,
+                     split=split, epi=epi,
+                     launch=lambda c, slices: [kernel(step, template, c, slices, glob, local)])
+
+
+def _k_slices(ctx, step, consts, a, w, out, a_idx, b_idx, *, M, N, split, epi, launch):
+    """Split-K: few output blocks but a long k (dense layers at small batches, weight gradients
+    summed over a large batch). Each z-slice sums one range of k (``a_idx`` and ``b_idx`` as the
+    slice sees them) into its own M×N block of a partial product; a column sum adds the slices
+    and applies ``epi`` (bias, activation, the stored pre-activation). ``launch(consts,
+    buffers)``: the product's kernels over the slices."""
     partial = ctx.scratch(f"{step}.partial", split * M * N)
-    # The z-index now names a slice, and the one batch entry is entry 0.
-    consts.update(KC=kc, split=True, **_macros(a_idx.subs(b, 0), b_idx.subs(b, 0),
-                                               b * (M * N) + m * N + n))
+    consts.update(**_macros(a_idx, b_idx, b * (M * N) + m * N + n))
     slices = {"a": a, "w": w, "out": partial}
     epilogue(consts, slices, False, None, "none", None, None)
-    glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
-    return [kernel(step, template, consts, slices, glob, local)] + \
+    return launch(consts, slices) + \
         column_sum(ctx, f"{step}_reduce", rows=split, cols=M * N, src=partial, out=out,
-                   accumulate=accumulate, bias=bias, bias_period=N, act=act, z=z, dscale=dscale)
+                   bias_period=N, **epi)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +193,8 @@ def _grouped(ctx, step, consts, a, ws, outs, biases, accumulate, act, batch, z, 
     # for the epilogue's flags alone: each group's output and bias are bound above
     epilogue(consts, {"out": outs[0]}, accumulate, biases and biases[0], act, None, None)
     consts["groups"] = tuple((name, G) for name in groups)
-    return _vector_gemm(ctx, step, consts, buffers, G, groups=G)
+    s = _vec_schedule(ctx, step, consts, G, groups=G)
+    return _vec_kernel(ctx, step, consts, buffers, G, s, groups=G)
 
 
 def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight, dbias=None,
@@ -194,18 +217,33 @@ def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight
     return ks
 
 
-def _vector_gemm(ctx, step, consts, buffers, batch, groups=1):
-    """CPU form: k-vectors when both operands run along k (unless k is short: then n-vectors over
-    B packed per panel), else n-vectors of B. ``groups`` > 1: ``batch`` counts grouped products
-    (``_grouped``), which take single products' blocks."""
-    M, N, K = consts["M"], consts["N"], consts["K"]
+def _vec_kind(consts):
+    """Whether a CPU product's operands both run along k (the k-vector form's case)."""
     kvec = consts["a_kfast"] and not consts["b_nfast"] and not consts["a_pred"]
     assert kvec or consts["b_nfast"], "n-vector form needs B contiguous in n"
-    # a_along_m and groups only where they hold, so that the other launches' table keys stay as
-    # they were
+    return kvec
+
+
+def _vec_schedule(ctx, step, consts, batch, groups=1, splittable=False):
+    """The schedule of a CPU product: k-vectors when both operands run along k (unless k is
+    short: then n-vectors over B packed per panel), else n-vectors of B; a k-split where the
+    policy gives one (``splittable``: a product at batch 1 into one contiguous block). ``groups``
+    > 1: ``batch`` counts grouped products (``_grouped``), which take single products' blocks."""
+    kvec = _vec_kind(consts)
+    # a_along_m, groups and splittable only where they hold, so that the other launches' table
+    # keys stay as they were
     extra = ({"a_along_m": True} if not consts["a_kfast"] else {}) | \
-        ({"groups": groups, "batch": 1} if groups > 1 else {"batch": batch})
-    s = ctx.schedule(step, "gemm_vec", M=M, N=N, K=K, kvec=kvec, **extra)
+        ({"groups": groups, "batch": 1} if groups > 1 else {"batch": batch}) | \
+        ({"splittable": True} if splittable and not kvec else {})
+    return ctx.schedule(step, "gemm_vec", M=consts["M"], N=consts["N"], K=consts["K"], kvec=kvec,
+                        **extra)
+
+
+def _vec_kernel(ctx, step, consts, buffers, batch, s, groups=1, sliced=False):
+    """The CPU product's launch (templates/gemm_vec.cl.j2) under schedule ``s``; ``sliced``:
+    ``batch`` counts the slices of a k-split, not products."""
+    M, N, K = consts["M"], consts["N"], consts["K"]
+    kvec = _vec_kind(consts)
     (RM, RN), vec = s.block, s.vector
     if kvec_form(dict(kvec=kvec), s):
         consts.update(form="kvec", V=vec, RM=RM, RN=RN, MC=s.rows)
@@ -217,7 +255,7 @@ def _vector_gemm(ctx, step, consts, buffers, batch, groups=1):
     consts["prefetch"] = cpu.prefetch and consts["a_kfast"] and K * N >= PREFETCH_MIN and \
         M <= s.rows
     consts["prefetch_a"] = cpu.prefetch and not consts["a_kfast"] and groups == 1 and \
-        batch > 1 and batch * M * K >= PREFETCH_MIN
+        batch > 1 and not sliced and batch * M * K >= PREFETCH_MIN
     consts["clang_prefetch"] = ctx.target.implementation == "intel"
     gx, gy = -(-N // consts["RN"]), -(-M // s.rows)
     glob, local = s.cover(gx, gy, batch)

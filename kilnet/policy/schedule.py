@@ -101,6 +101,18 @@ SMALL_KC = 64
 # b32's conv, graph-conv, attention-projection and backward_v products 0.85-0.97x the time (its
 # conv1d_2 weight gradient 0.95-1.03x), W3's head weight gradient 0.95x; 32 against 64: level.
 A_ALONG_M_KC = 64
+# A CPU product in the n-vector form whose work-items are fewer than the compute units splits k
+# (vec_split), where each work-item has SPLIT_MIN_ITEM_MACS multiply-adds or more to do, into
+# slices of at least SPLIT_MIN_MACS. The column sum that adds the slices is a launch of its own:
+# 18-19 us on the 16-core Xeon of the device tool's host (Intel's runtime), for 1152 columns.
+# There, W3's head weight gradient at batch 16 (1 × 64 outputs, k = 32768: two work-items of 2^20)
+# took 0.255 ms, 22 % of the step's device time; split in 8, W3's step took 0.82-0.88x the time
+# (three calls of vs_pytorch.py --table, split against not). W1's first conv weight gradient (32 ×
+# 36 outputs in 8 work-items, k = batch × 34) split in 2: 0.898 -> 0.376 ms + 0.019 for the sum at
+# batch 1024 (steps 0.94-0.99x), 0.123 -> 0.083 + 0.019 at batch 256; at batch 64 (2^18.3 a
+# work-item) 0.034 -> 0.030 + 0.018 and steps 1.01-1.05x: hence the minimum a work-item.
+SPLIT_MIN_ITEM_MACS = 1 << 19
+SPLIT_MIN_MACS = 1 << 18
 # The n-vector block of batched products (many small ones: attention's, B·H of 64×64 or 64×16
 # with k = 16 or 64) whose operands both run along k (B packed): with 6 rows, each k step read 6
 # rows K apart. In-process A/B on W2 b32 (interleaved launches, medians of 30; two runs): Q·Kᵀ
@@ -210,7 +222,8 @@ class Schedule:
 # What an override may set, per family (the rest is derived from these or fixed by the template).
 TUNABLE = {"map": ("local",), "vector_map": ("local",), "group": ("local",),
            "gemm": ("tiles", "depth", "split"), "gemv": ("local",),
-           "gemm_vec": ("block", "pack", "rows", "depth", "local"), "column_sum": ("local", "split"),
+           "gemm_vec": ("block", "pack", "rows", "depth", "local", "split"),
+           "column_sum": ("local", "split"),
            "chunks": ("local",), "slices": ("split",)}
 
 
@@ -364,7 +377,7 @@ def policy(target, kind, ctype="float", **shape):
                          pack=pack if shape["kvec"] else None)
             s = vec_panel(target, shape, s if kvec_form(shape, s) else small_panel(shape, s))
             if not pack or (s.rows >= PACK_MIN_ROWS and shape["N"] >= V):
-                return s
+                return vec_split(target, shape, s)
     if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
         #                          queries of a head): a power of two up to GROUP_LANES
         cap = min(GROUP_LANES, target.max_work_group)
@@ -416,6 +429,28 @@ def small_panel(shape, s):
 def padded(M, N, V, RM, NV):
     """Outputs an n-vector block of RM rows by NV vectors of V computes, edges included."""
     return -(-M // RM) * RM * -(-N // (NV * V)) * NV * V
+
+
+def vec_split(target, shape, s):
+    """``s`` with a k-split (``split`` slices, each a batch entry of the launch, summed by a
+    column sum) where a CPU product in the n-vector form would leave compute units without a
+    work-item, and each work-item has SPLIT_MIN_ITEM_MACS multiply-adds or more to do: a weight
+    gradient over a large batch (K = its rows) into few outputs. The split divides K (gemm.py's
+    slices have no edge in k) into slices of SPLIT_MIN_MACS multiply-adds or more, and is the
+    largest such up to one work-item per unit; else ``s`` as it is."""
+    if not shape.get("splittable") or kvec_form(shape, s):
+        return s
+    K, units = shape["K"], target.compute_units
+    items = panel_columns(shape, False, s.block, s.vector) * -(-shape["M"] // s.rows)
+    macs = shape["M"] * shape["N"] * K
+    if items >= units or macs // items < SPLIT_MIN_ITEM_MACS:
+        return s
+    want = -(-units // items)
+    split = max((d for d in range(2, want + 1) if K % d == 0 and macs // d >= SPLIT_MIN_MACS),
+                default=1)
+    if split == 1:
+        return s
+    return vec_panel(target, dict(shape, K=K // split, batch=split), replace(s, split=split))
 
 
 def nvec_blocks(acc):
@@ -576,6 +611,10 @@ def _check(target, kind, name, key, s, ctype, dims, shape):
                          "form, which runs all of k in registers")
         if s.depth is not None and s.depth < 1:
             bad("depth", f"must be at least 1, got {s.depth}")
+        if (s.split or 1) > 1 and (not shape.get("splittable") or kvec_form(shape, s)
+                                   or shape["K"] % s.split):
+            bad("split", f"needs a product in the n-vector form at batch 1 with one contiguous "
+                         f"output and a split that divides its k = {shape['K']}, got {s.split}")
     if kind == "gemm":
         TM, TN, RM, RN = s.tiles
         if TM % RM or TN % RN:
