@@ -15,6 +15,7 @@ import tempfile
 import numpy as np
 
 import kilnet as kn
+import reference
 from kernel_check import KERNELS
 
 SPLITS = {"dense_1.backward_weight": 3, "conv1d_1.backward_weight": 7}
@@ -55,7 +56,7 @@ def dense(batch=21, n_in=19, n_out=3):
     rng = np.random.default_rng(6)
     x, t = rng.standard_normal((batch, n_in)), rng.standard_normal((batch, n_out))
     W, b = model.params["dense_1.weight"], model.params["dense_1.bias"]
-    y = np.tanh(x @ W.T + b)
+    y = reference.dense(x, W, b, "tanh")
     dz = 2 * (y - t) / t.size * (1 - y ** 2)
     check(model, {"x": x}, {"y": t}, {"dense_1.weight": dz.T @ x, "dense_1.bias": dz.sum(0)})
 
@@ -74,8 +75,8 @@ def conv(batch=7, units=9, channels=5, filters=4, window=3):
     # each position's window of rows, flattened as the weight's (window, channels) are
     cols = np.stack([x[:, p:p + window].reshape(batch, -1) for p in range(positions)], 1)
     dW = np.einsum("bpf,bpc->fc", dy, cols)
-    W = model.params["conv1d_1.weight"].reshape(filters, window * channels)
-    np.testing.assert_allclose(y, np.einsum("bpc,fc->bpf", cols, W) + model.params["conv1d_1.bias"],
+    np.testing.assert_allclose(y, reference.conv1d(x, model.params["conv1d_1.weight"],
+                                                   model.params["conv1d_1.bias"]),
                                rtol=1e-10, atol=1e-12)
     check(model, {"x": x}, {"y": t}, {"conv1d_1.weight": dW.reshape(filters, window, channels),
                                       "conv1d_1.bias": dy.sum((0, 1))})

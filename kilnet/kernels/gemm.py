@@ -59,9 +59,10 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
         # slice b runs k over [b·kc, (b + 1)·kc) through its indices: no edge in k.
         kc = K // s.split
         assert kc * s.split == K, (step, K, s.split)
-        shift = {b: 0, k: k + b * kc}
-        consts.update(K=kc, a_pred=None if a_pred is None else index.c(a_pred.subs(shift)))
-        return _k_slices(ctx, step, consts, a, w, out, a_idx.subs(shift), b_idx.subs(shift),
+        def shift(e):           # b is 0 first (batch 1), then names the slice
+            return e.subs(b, 0).subs(k, k + b * kc)
+        consts.update(K=kc, a_pred=None if a_pred is None else index.c(shift(a_pred)))
+        return _k_slices(ctx, step, consts, a, w, out, shift(a_idx), shift(b_idx),
                          M=M, N=N, split=s.split, epi=epi,
                          launch=lambda c, slices: _vec_kernel(ctx, step, c, slices, s.split, s,
                                                               sliced=True))
