@@ -12,6 +12,30 @@ def non_finite_params(plan, read):
     return [n for n, b in plan.params.items() if not np.isfinite(read(b)).all()]
 
 
+def non_finite_data(feeds, targets):
+    """The report of the first feed or target holding a NaN or an infinity, else None: what a
+    non-finite loss is blamed on before any kernel is. node (the feed or output name), data
+    ("feed" or "target"), size and non_finite of that array, first (sample, index) of its first
+    non-finite value; op, launch and kernel None, inputs empty."""
+    for kind, data in (("feed", feeds), ("target", targets or {})):
+        for name, arr in data.items():
+            bad = ~np.isfinite(np.asarray(arr, dtype=np.float64))
+            if bad.any():
+                first = np.unravel_index(int(np.argmax(bad)), bad.shape)
+                return dict(node=name, data=kind, op=None, launch=None, kernel=None,
+                            size=int(bad.size), non_finite=int(bad.sum()), inputs={},
+                            first=(int(first[0]), tuple(int(i) for i in first[1:])))
+    return None
+
+
+def data_message(report):
+    """What a report of non_finite_data says, in words (with its rank where it has one)."""
+    sample, index = report["first"]
+    rank = f" on rank {report['rank']}" if "rank" in report else ""
+    return (f"{report['data']} {report['node']!r} holds {report['non_finite']} non-finite "
+            f"value(s){rank}, the first at sample {sample}, index {index}")
+
+
 def _ranges(a):
     finite = a[np.isfinite(a)]
     return dict(min=float(finite.min()) if finite.size else math.nan,

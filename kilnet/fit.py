@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .device_data import DeviceData, batch_of
+from .diagnose import data_message
 from .errors import CompileError, FeedError, GraphError, NonFiniteLoss
 from .runtime.distributed import allgather_obj, limit_of
 
@@ -174,11 +175,8 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
                     raise FeedError(f"fit: step {history.steps + 1} (epoch {epoch + 1}), nothing "
                                     f"of it trained: {e}") from None
                 if not math.isfinite(loss):     # nothing was applied (on any rank)
-                    report = _first_non_finite(model, feeds, targets)
-                    err = NonFiniteLoss(
-                        f"fit: the loss went non-finite ({loss}) at step {history.steps + 1} "
-                        f"(epoch {epoch + 1}); the update was not applied; " + NonFiniteLoss.describe(report),
-                        step=history.steps + 1, loss=loss, report=report, history=history)
+                    err = _stop_error(model, _first_non_finite(model, feeds, targets), loss,
+                                      history, epoch)
                     _close_epoch(history, epoch_losses, t0, model.batch * ranks)
                     history.seconds = time.perf_counter() - t_run
                     if on_non_finite == "raise":
@@ -235,12 +233,8 @@ def _fit_on_device(model, data, epochs, steps, progress, on_non_finite, desc, sh
                     history.steps += len(good)
                     history.samples += model.batch * len(good)
                     feeds, targets = batch_of(model, data, e.batch)
-                    report = model.first_non_finite(feeds, targets)
-                    err = NonFiniteLoss(
-                        f"fit: the loss went non-finite ({float(e.losses[-1])}) at step "
-                        f"{history.steps + 1} (epoch {epoch + 1}); the update was not applied; "
-                        + NonFiniteLoss.describe(report), step=history.steps + 1,
-                        loss=float(e.losses[-1]), report=report, history=history)
+                    err = _stop_error(model, model.first_non_finite(feeds, targets),
+                                      float(e.losses[-1]), history, epoch)
                     _close_epoch(history, epoch_losses, t0, model.batch)
                     history.seconds = time.perf_counter() - t_run
                     if on_non_finite == "raise":
@@ -356,6 +350,23 @@ def _shard(model, arrays):
             a = a[model.rank * model.batch:(model.rank + 1) * model.batch]
         out[name] = a
     return out
+
+
+def _stop_error(model, report, loss, history, epoch):
+    """The error that stops fit at a non-finite loss, whose step changed nothing: a FeedError
+    naming the feed or target that holds a non-finite value, as train_step and train_steps
+    raise it, else a NonFiniteLoss naming the first node whose output went non-finite. Either
+    carries ``step``, ``loss``, ``report`` and ``history``."""
+    where = f"fit: step {history.steps + 1} (epoch {epoch + 1})"
+    if report is not None and report.get("data"):
+        err = FeedError(f"{where}: {data_message(report)}; nothing of it trained (the model is "
+                        f"as it was after step {history.steps})")
+        err.step, err.loss, err.report, err.history = history.steps + 1, loss, report, history
+        err.node = report["node"]
+        return err
+    return NonFiniteLoss(f"{where}: the loss went non-finite ({loss}); the update was not "
+                         f"applied; " + NonFiniteLoss.describe(report), step=history.steps + 1,
+                         loss=loss, report=report, history=history)
 
 
 def _first_non_finite(model, feeds, targets):

@@ -106,15 +106,11 @@ class Model:
     def _non_finite(self, call, loss, arrays, tarrays):
         """The error for a non-finite loss of ``call``, which changed nothing: the feed or target
         that holds a non-finite value, else the loss itself."""
-        found = _non_finite_data(arrays, tarrays)
+        found = diagnose.non_finite_data(arrays, tarrays)
         if found:
-            kind, name, bad = found
-            first = np.unravel_index(int(np.argmax(bad)), bad.shape)
             return FeedError(
-                f"{call}: {kind} {name!r} holds {int(bad.sum())} non-finite value(s), the "
-                f"first at sample {first[0]}, index {tuple(int(i) for i in first[1:])}; "
-                f"nothing was updated (parameters, optimizer moments, statistics and "
-                f"step {self.step} are as they were)")
+                f"{call}: {diagnose.data_message(found)}; nothing was updated (parameters, "
+                f"optimizer moments, statistics and step {self.step} are as they were)")
         ranks = " on some rank" if self._dist is not None else ""
         return NonFiniteLoss(
             f"{call}: model {self.graph.name!r}: the loss is {loss}{ranks} though the data is "
@@ -251,12 +247,9 @@ class Model:
         _, arrays = self._feeds(feeds)
         tarrays = self._targets(targets)
 
-        found = _non_finite_data(arrays, tarrays)
+        found = diagnose.non_finite_data(arrays, tarrays)
         if found:
-            kind, name, bad = found
-            return dict(node=name, data=kind, op=None, launch=None, kernel=None,
-                        size=int(bad.size), non_finite=int(bad.sum()), inputs={},
-                        params=diagnose.non_finite_params(self.plan, self._exec.read))
+            return dict(found, params=diagnose.non_finite_params(self.plan, self._exec.read))
         found = []
         with self._exec.lock:
             self._upload(arrays, tarrays)
@@ -390,17 +383,6 @@ class Model:
 
     def _targets(self, targets):
         return check_targets(self.graph, self.plan.targets, targets, self.batch, self._exec.np_dtype)
-
-
-def _non_finite_data(arrays, tarrays):
-    """(kind, name, mask of its non-finite values) of the first feed or target holding one, else
-    None: what a non-finite loss is blamed on, before any kernel is."""
-    for kind, data in (("feed", arrays), ("target", tarrays or {})):
-        for name, arr in data.items():
-            bad = ~np.isfinite(np.asarray(arr, dtype=np.float64))
-            if bad.any():
-                return kind, name, bad
-    return None
 
 
 class Gradients(dict):

@@ -61,6 +61,7 @@ REFERENCE = {
         "https://www.mql5.com/en/docs/opencl",
     "GetLastError": "https://www.mql5.com/en/docs/check/getlasterror",
     "ResetLastError": "https://www.mql5.com/en/docs/common/resetlasterror",
+    "MathIsValidNumber": "https://www.mql5.com/en/docs/math/mathisvalidnumber",
     "StringFind": "https://www.mql5.com/en/docs/strings/stringfind",
     "StringFormat": "https://www.mql5.com/en/docs/convert/stringformat",
     "EnumToString": "https://www.mql5.com/en/docs/convert/enumtostring",

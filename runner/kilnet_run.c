@@ -180,11 +180,29 @@ static void find_kilnet_vendors(void) {
     if (kilnet_vendors[0]) setenv("OCL_ICD_VENDORS", kilnet_vendors, 1);
 }
 
+/* pyopencl's wheel carries an ICD loader (pyopencl/.libs/libOpenCL-*.so*) patched to read the
+   .icd files beside it from $PYOPENCL_HOME/.libs, which `import pyopencl` sets; its __initClIcd
+   copies the variable without checking it is set, so from a shell it crashes at the first OpenCL
+   call. Where the loader named lies in such a .libs folder and PYOPENCL_HOME is unset, set it to
+   that folder's parent, as pyopencl would. */
+static char pyopencl_home[4096];
+static void set_pyopencl_home(const char *loader) {
+    const char *home = getenv("PYOPENCL_HOME"), *slash = strrchr(loader, '/');
+    size_t dir;
+    if ((home && *home) || !slash) return;
+    dir = (size_t)(slash - loader);
+    if (dir < 6 || dir >= sizeof pyopencl_home || strncmp(slash - 6, "/.libs", 6)) return;
+    memcpy(pyopencl_home, loader, dir - 6);
+    pyopencl_home[dir - 6] = 0;
+    if (!pyopencl_home[0]) strcpy(pyopencl_home, "/");
+    setenv("PYOPENCL_HOME", pyopencl_home, 1);
+}
+
 /* Open the ICD loader and find every function; returns the loader's name, or NULL with *why. */
 static const char *open_opencl(char *why, size_t size) {
     const char *named = getenv("KILNET_OPENCL_LIBRARY"), *tried[3];
     void *lib = NULL; size_t i, n = 0;
-    if (named && *named) tried[n++] = named;
+    if (named && *named) { tried[n++] = named; set_pyopencl_home(named); }
     else for (i = 0; i < sizeof kl_loaders / sizeof *kl_loaders; i++) tried[n++] = kl_loaders[i];
     for (i = 0; i < n && !lib; i++) lib = dlopen(tried[i], RTLD_NOW | RTLD_GLOBAL);
     if (!lib) {
@@ -762,8 +780,8 @@ int main(int argc, char **argv) {
         losses = xcalloc(k, 32);
         for (s = 0; s < k; s++) {
             double v[4] = {lr, 0, 0, 0}, sum = 0; float f[4]; char buf[32]; Region r; size_t e;
-            t++;
-            if (!strcmp(opt, "adam")) { v[1] = 1.0 - pow(b1, (double)t); v[2] = 1.0 - pow(b2, (double)t); }
+            unsigned long next = t + 1;   /* taken only if the loss is finite, as in Python */
+            if (!strcmp(opt, "adam")) { v[1] = 1.0 - pow(b1, (double)next); v[2] = 1.0 - pow(b2, (double)next); }
             for (i = 0; i < 4; i++) f[i] = (float)v[i];
             r.arena = scal_arena; r.offset = scal_offset; r.count = 4; strcpy(r.name, "step scalars");
             memcpy(buf, item == 4 ? (void *)f : (void *)v, 4 * item); transfer(&r, buf, 1);
@@ -774,7 +792,15 @@ int main(int argc, char **argv) {
                 for (e = 0; e < loss[i].count; e++) sum += item == 4 ? (double)((float *)part)[e] : ((double *)part)[e];
                 free(part);
             }
-            printf("step %lu loss %.9g\n", t, sum);
+            if (isfinite(sum)) {
+                t = next;
+                printf("step %lu loss %.9g\n", t, sum);
+            } else {   /* the device's guard (step:ok) skipped every update of this batch */
+                printf("step %lu loss %.9g skipped\n", next, sum);
+                fprintf(stderr, "kilnet_run: batch %lu: the loss is %g, so nothing was updated (a "
+                        "NaN or an infinity in its inputs or targets, or a diverged model); the "
+                        "step count stays %lu\n", (unsigned long)s + 1, sum, t);
+            }
             used += (size_t)snprintf(losses + used, 32, "%.17g\n", sum);
         }
         snprintf(path, sizeof path, "%s/loss.txt", pos[4]); write_file(path, losses, used);

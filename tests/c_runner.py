@@ -106,6 +106,18 @@ def environment(env):
     return env
 
 
+def shell_environment(env):
+    """What a user's shell hands the runner, as ``env -i`` makes it: PATH and HOME, the KILNET_*
+    settings, and of ``env`` only the runner's own (the loader, OCL_ICD_VENDORS, the sanitizers') —
+    none of what ``import pyopencl`` sets in this process (PYOPENCL_HOME, which pyopencl's loader
+    needs: the runner must set it itself)."""
+    keep = ("KILNET_", "OCL_ICD_VENDORS", "ASAN_OPTIONS", "UBSAN_OPTIONS")
+    out = {k: v for k, v in os.environ.items() if k.startswith("KILNET_")}   # the user's own
+    out.update((k, v) for k, v in environment(env).items() if k.startswith(keep))
+    out.update(PATH="/usr/bin:/bin", HOME=os.environ.get("HOME", "/root"))
+    return out
+
+
 def describe():
     return (f"C runner built with {compiler()[1]}{' with ASan and UBSan' if sanitized() else ''}, "
             f"ICD loader: {loader() or 'the system libOpenCL.so.1'}")

@@ -473,12 +473,56 @@ def _data(doc, folder, steps, seed):
     """``steps`` batches of inputs and targets in folder/in.bin, tg.bin; returns them."""
     rng = np.random.default_rng(seed)
     batches = [(batch_data(doc, "inputs", rng), batch_data(doc, "targets", rng)) for _ in range(steps)]
+    _write_batches(doc, folder, batches)
+    return batches
+
+
+def test_runner_from_a_plain_shell_skips_a_batch_holding_a_nan(runner, run_env, tmp_path):
+    """Started as from a shell (``env -i``: no PYOPENCL_HOME, which pyopencl's loader read
+    unchecked and crashed on, exit 139): forward and train run, and a NaN in batch 2 of 3, which
+    relu would hide from the loss, changes nothing (loss nan, 'skipped', the step not counted),
+    as Python's train_step refuses it; the rest matches Python's model."""
+    g = kn.Graph("relu_nan")
+    x = g.input("x", (6, 3))
+    h = kn.conv1d(x, filters=4, window=2, step=1, activation="relu")
+    g.output("y", kn.dense(h, 2))
+    model = kn.compile(g, batch=3, optimizer=kn.Adam(lr=0.05), loss="mse")
+    bundle = model.export(tmp_path / "b", train=True)
+    doc = export.read(bundle)
+    env = c_runner.shell_environment(run_env)
+    assert "PYOPENCL_HOME" not in env and "PYTHONPATH" not in env
+    batches = _data(doc, tmp_path, 3, seed=4)
+    batches[1][0]["x"][2, 4, 1] = np.nan
+    _write_batches(doc, tmp_path, batches)
+    (tmp_path / "out").mkdir()
+    write(tmp_path / "x.bin", doc, "inputs", batches[0][0])
+    r = run(runner, env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y.bin")
+    assert r.returncode == 0, r.stderr
+    want = model.forward(batches[0][0])["y"]
+    np.testing.assert_allclose(np.fromfile(tmp_path / "y.bin", np.float32).reshape(want.shape),
+                               want, rtol=1e-5, atol=1e-6)
+    r = run(runner, env, bundle, "train", tmp_path / "in.bin", tmp_path / "tg.bin", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split()[1] for ln in lines] == ["1", "2", "2"], lines
+    assert lines[1].endswith("nan skipped") and "batch 2: the loss is nan" in r.stderr
+    model.train_step(*batches[0])
+    with pytest.raises(kn.FeedError, match=r"feed 'x' holds 1 non-finite value\(s\), the first "
+                       r"at sample 2, index \(4, 1\)"):
+        model.train_step(*batches[1])
+    model.train_step(*batches[2])
+    assert int((tmp_path / "out" / "step.txt").read_text()) == model.step == 2
+    for name in doc["params"]:
+        np.testing.assert_allclose(arena_values(doc, tmp_path / "out", name), model.params[name],
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def _write_batches(doc, folder, batches):
     with open(folder / "in.bin", "wb") as fi, open(folder / "tg.bin", "wb") as ft:
         for x, t in batches:
             for f, key, arrays in ((fi, "inputs", x), (ft, "targets", t)):
                 for r in doc[key]:
                     f.write(np.ascontiguousarray(arrays[r["name"]], export.DTYPES[doc["dtype"]]).tobytes())
-    return batches
 
 
 def test_runner_resumes_from_what_train_wrote(runner, run_env, tmp_path):

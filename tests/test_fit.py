@@ -174,8 +174,12 @@ def test_fit_names_a_non_finite_target(model, on_device):
     x, y = data(32)
     y[5, 0] = np.nan
     before = {k: model.params[k] for k in model.params}
-    with pytest.raises(kn.NonFiniteLoss, match="first non-finite output is the target 'y'"):
+    # the same error as train_step's and train_steps': a FeedError naming the target
+    with pytest.raises(kn.FeedError, match=r"fit: step 1 \(epoch 1\): target 'y' holds 1 "
+                       r"non-finite value\(s\), the first at sample 5, index \(0,\); nothing "
+                       r"of it trained") as e:
         kn.fit(model, batches(x, y), epochs=1, progress=False, on_device=on_device)
+    assert e.value.step == 1 and e.value.node == "y" and e.value.history.steps == 0
     r = model.first_non_finite({"x": x[:model.batch]}, {"y": y[:model.batch]})
     assert (r["node"], r["data"]) == ("y", "target")
     for k in before:

@@ -404,6 +404,11 @@ def test_save_writes_the_step_count_and_init_continues_from_it(bundles):
     # TrainStep counts on from it: t = step + 1, then step++
     train = member(text, "TrainStep")
     assert "double t=(double)(step+1);" in train and train.rindex("step++;") > train.rindex("Run(")
+    # a non-finite loss (a NaN in in[] or target[]: the kernels' guard changed nothing) is
+    # refused, and does not count as a step, as in Python and the C runner
+    refuse = train.index("if(!MathIsValidNumber(loss))")
+    assert train.rindex("loss+=part[i];") < refuse < train.rindex("step++;")
+    assert "return(Refuse(" in train[refuse:train.rindex("step++;")]
 
 
 def test_a_forward_only_include_has_no_step(bundles):

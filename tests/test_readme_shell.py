@@ -87,10 +87,15 @@ def workspace(tmp_path):
     return tmp_path
 
 
-def sh(cmd, cwd, env=None, timeout=600, drop=()):
-    full = {k: v for k, v in dict(os.environ, PYTHONPATH=ROOT, **(env or {})).items()
-            if k not in drop}
-    full["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full.get("PATH", "")
+def sh(cmd, cwd, env=None, timeout=600, drop=(), plain=False):
+    """Run ``cmd`` in bash; ``plain``: in the environment of a user's shell as ``env -i`` makes
+    it (tests/c_runner.py's shell_environment of ``env``), with nothing this Python process set."""
+    if plain:
+        full = {k: v for k, v in c_runner.shell_environment(env or {}).items() if k not in drop}
+    else:
+        full = {k: v for k, v in dict(os.environ, PYTHONPATH=ROOT, **(env or {})).items()
+                if k not in drop}
+        full["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full.get("PATH", "")
     r = subprocess.run(["bash", "-c", "set -e\n" + cmd], cwd=cwd, capture_output=True, text=True,
                        timeout=timeout, env=full)
     assert r.returncode == 0, f"`{cmd}` exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
@@ -238,16 +243,16 @@ def deploy_line(cmd, ws):
         cc, _ = c_runner.compiler()
         flags = " -DKILNET_OWN_CL" if os.environ.get("KILNET_RUNNER_SYSTEM") == "0" else ""
         sh(" ".join(map(shlex.quote, cc)) + flags + cmd[2:], ws)
-        assert "loader" in sh("./kilnet_run --about", ws, env=runner_env())
+        assert "loader" in sh("./kilnet_run --about", ws, env=runner_env(), plain=True)
     elif " forward " in cmd:
         bundle_data(ws, 1)
-        sh(cmd, ws, env=runner_env(), drop=("OCL_ICD_VENDORS",))
+        sh(cmd, ws, env=runner_env(), drop=("OCL_ICD_VENDORS",), plain=True)
         assert (ws / "outputs.bin").stat().st_size == 64 * 45 * 4
     else:
         bundle_data(ws, 2)
         folder = "more" if "--from" in cmd else "trained"
         shutil.rmtree(ws / folder, ignore_errors=True)
-        out = sh(cmd, ws, env=runner_env(), drop=("OCL_ICD_VENDORS",))
+        out = sh(cmd, ws, env=runner_env(), drop=("OCL_ICD_VENDORS",), plain=True)
         steps = ["3", "4"] if folder == "more" else ["1", "2"]
         assert re.findall(r"step (\d) loss", out) == steps, out
         assert (ws / folder / "param.bin").exists()

@@ -11,7 +11,8 @@ import dataclasses
 
 from ..errors import CompileError, DeadBranchWarning, GraphError, warn_caller
 from ..kernels.base import Collective, Use, inout, kernel, op_kinds, out, spanning
-from ..kernels.losses import ELEMENTWISE, check as check_loss, elementwise_loss, parts
+from ..kernels.losses import (ELEMENTWISE, check as check_loss, elementwise_loss, finite_check,
+                              parts)
 from ..ops import get_op
 from ..policy import memory, names
 from ..policy.dtypes import CTYPE
@@ -279,6 +280,7 @@ class Lowering:
                     ctype=self.ctype)])
             self.loss_parts.append(loss)
             self.targets[out_name] = target
+        self.check_feeds()
 
         for node in reversed(self.graph.nodes):
             op = get_op(node.op)
@@ -299,6 +301,21 @@ class Lowering:
                           get_op(node.op).update_state(node, Context(self, node, True)))
         self.input_grad_buffers = {name: self.grad_buffer(node) for name, node
                                    in self.graph.inputs.items() if wants[name] and name in written}
+
+    def check_feeds(self):
+        """A loss part per feed that is NaN where the feed holds a NaN or an infinity
+        (losses.finite_check): the loss of a step on such a batch is then never finite, so the
+        step changes nothing (names.STEP_OK, or the host's sum across ranks) and train_step names
+        the feed, whatever the graph does to the value. A feed no output depends on is left out:
+        it changes nothing either way."""
+        for name, node in self.graph.inputs.items():
+            if name in self.dead:
+                continue
+            part = self.buffer(names.finite_part(name), "loss", self.batch * parts(node.size))
+            self.emit(f"finite.{name}", "loss", [finite_check(
+                self.target, batch=self.batch, size=node.size, data=self.value_buffer(node),
+                part=part, ctype=self.ctype)])
+            self.loss_parts.append(part)
 
     def step_ok(self):
         """The launch that sets names.STEP_OK from the loss parts, ahead of every launch that

@@ -1,5 +1,7 @@
 """Losses, each a mean over the batch: mse and huber (δ = 1) average over elements too;
 cross_entropy (on a softmax output, per head) lives with softmax, whose logits it needs."""
+import dataclasses
+
 from ..policy.vectors import vector_width
 from .base import GraphError, kernel, out as written
 
@@ -27,7 +29,20 @@ def elementwise_loss(kind, device, *, batch, size, out, target, loss, dout, accu
     L = 1 if device.kind == "cpu" else device.lanes or GPU_LANES
     consts = dict(kind=kind, B=batch, N=size, CH=CHUNK, P=parts(size), L=L, accumulate=accumulate,
                   input_grad=dout is not None, VW=vector_width(device, ctype) if L == 1 else 1)
-    bufs = {"out": out, "target": target, "loss": written(loss)}
+    bufs = {"out": out, "loss": written(loss)} if target is None else \
+        {"out": out, "target": target, "loss": written(loss)}
     if dout is not None:
         bufs["dout"] = written(dout, accumulate)
     return kernel("loss", "loss", consts, bufs, (parts(size) * L, batch), (L, 1))
+
+
+def finite_check(device, *, batch, size, data, part, ctype="float"):
+    """The check that makes a step's loss non-finite whenever a feed holds a NaN or an
+    infinity, so that the step changes nothing (names.STEP_OK), even where the graph would hide
+    the value from the loss: relu, max pooling and everything else built on fmax turn NaN into a
+    number, while the weight gradient (the input times the output gradient) stays NaN. Per
+    (sample, chunk) of ``data`` (``size`` elements a sample) a loss part, 0 where the chunk is
+    finite and NaN where it is not: added to the loss, it leaves a finite loss as it was."""
+    k = elementwise_loss("finite", device, batch=batch, size=size, out=data, target=None,
+                         loss=part, dout=None, accumulate=False, ctype=ctype)
+    return dataclasses.replace(k, step="check")

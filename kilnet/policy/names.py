@@ -31,5 +31,10 @@ def loss_part(output):
     return f"{output}:loss"
 
 
+def finite_part(feed):
+    """The loss part that is NaN where feed ``feed`` holds a non-finite value (losses.finite_check)."""
+    return f"{feed}:finite"
+
+
 def scratch(node, key):
     return f"{node}:{key}"
