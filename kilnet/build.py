@@ -109,15 +109,25 @@ def _plan(graph, batch, optimizer, loss, dtype, *, device, settings, input_grads
                                check_extents=bool(check_extents)), dev
 
 
-def load(path, device=None, batch=None, comm=None, overlap=False):
+def load(path, device=None, batch=None, comm=None, overlap=False, inference=False):
     """Rebuild and compile the saved model (optionally for another batch), with its parameters,
     state, optimizer moments and step count, so training continues exactly where it stopped.
+
+    ``inference=True``: compile it for ``forward`` alone (no loss, no optimizer; the moments are
+    read and checked but not kept), as ``kn.compile`` without a loss would: any batch works,
+    including 1 for a model whose batch norm could not train at batch 1. ``step`` is still the
+    saved count.
 
     ``comm``: load it as a data-parallel model (every rank calls ``load``; ``batch`` is then per
     rank). A checkpoint saved by N ranks holds the per-rank batch; to continue the same training
     in one process, pass ``batch=N * B`` (``header["ranks"]`` says N)."""
     if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
         raise CompileError(f"load: batch must be None or an int >= 1, got {batch!r}")
+    if not isinstance(inference, bool):
+        raise CompileError(f"load: inference must be True or False, got {inference!r}")
+    if inference and comm is not None:
+        raise CompileError("load: inference=True makes a model that does not train; it takes no "
+                           "comm (load it in each process on its own)")
     if comm is not None:
         distributed.check_comm(comm)
         error = None
@@ -132,14 +142,20 @@ def load(path, device=None, batch=None, comm=None, overlap=False):
             device = select_device(device)
         graph, c, optimizer, step, dtype, wanted, arrays = parse(path)
     try:
-        model = compile(graph, batch=c["batch"] if batch is None else batch, optimizer=optimizer,
-                        loss=c["loss"] or None, dtype=dtype, device=device, seed=c["seed"],
-                        input_grads=c.get("input_grads", False),
+        trains = {} if inference else dict(optimizer=optimizer, loss=c["loss"] or None,
+                                            input_grads=c.get("input_grads", False))
+        model = compile(graph, batch=c["batch"] if batch is None else batch, dtype=dtype,
+                        device=device, seed=c["seed"], **trains,
                         **({} if comm is None else {"comm": comm, "overlap": overlap}))
     except KilnetError as e:
-        raise CheckpointError(f"{path}: the saved architecture does not compile: {e}") from None
+        hint = ("; kn.load(path, batch=..., inference=True) compiles it for forward alone, at "
+                "any batch" if not inference and "training needs batch" in str(e) else "")
+        raise CheckpointError(f"{path}: the saved architecture does not compile: {e}{hint}") \
+            from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{path}: checkpoint header is malformed ({type(e).__name__}: {e})") from None
+    if inference:                  # parameters and state only
+        wanted = {k: v for k, v in wanted.items() if k.startswith("p/")}
     for key, (buf, size) in wanted.items():
         b = model.plan.buffers.get(buf)
         if b is None or b.size != size:     # the plan and the ops disagree: a kilnet bug

@@ -51,6 +51,18 @@ TRAIN_PHASES = ("forward", "loss", "backward", "update_state", "optimizer")
 
 
 # -- which plan and which launches -----------------------------------------------------------
+
+def make_folder(call, path):
+    """The folder of ``path``, made with its parents where missing (as --mql5 makes its own); a
+    BundleError naming it when it cannot be made."""
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise BundleError(f"{call}: cannot make the folder {parent} for {path} "
+                          f"({e.strerror or e})") from None
+    return parent
+
 def calls_of(plan, train):
     """{call: [launch index]} as Model runs them: forward is inference mode (a node with an
     "infer" launch uses it instead of its training-mode forward); train_step is forward, loss,
@@ -291,9 +303,7 @@ def export(model, path, target=None, train=False):
             not os.path.isfile(os.path.join(path, "plan.json")):
         raise BundleError(f"export: path {path} is a folder that is neither empty nor a bundle; "
                           f"refusing to replace it")
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise BundleError(f"export: path {path}: its folder {parent} does not exist")
+    parent = make_folder("export", path)
     doc, files = build(model, target, train)
     tmp = old = None
     try:

@@ -219,10 +219,7 @@ def write(bundle, out):
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", stem):
         raise BundleError(f"mql5: the include's name {stem!r} may use letters, digits, _ . - only")
     text = include(doc, stem)
-    try:          # MQL5/Include/<yours>/ need not exist yet
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-    except OSError as e:
-        raise BundleError(f"mql5: cannot make the folder of {out}: {e}") from None
+    bundle_mod.make_folder("mql5", out)          # MQL5/Include/<yours>/ need not exist yet
     with open(os.path.join(bundle, doc["source"]), "rb") as f:
         cl = f.read().decode("utf-8").encode("ascii", "replace")
     for path, data in ((out[:-len(".mqh")] + ".cl", cl), (out, text.encode("ascii"))):

@@ -23,6 +23,7 @@ import tempfile
 import numpy as np
 
 from .errors import BundleError
+from .export import make_folder
 from .graph import get_op
 from .kernels.base import Op
 from .ops.activation import onnx_activation
@@ -196,10 +197,8 @@ def export_onnx(model, path):
     path = os.path.abspath(os.fspath(path))
     if os.path.isdir(path):
         raise BundleError(f"export_onnx: {path} is a folder; give the .onnx file to write")
-    folder = os.path.dirname(path)
-    if not os.path.isdir(folder):
-        raise BundleError(f"export_onnx: the folder of {path} does not exist")
     data = build(model).SerializeToString()
+    folder = make_folder("export_onnx", path)
     fd, tmp = tempfile.mkstemp(prefix=".kilnet-onnx-", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -132,8 +132,8 @@ def equivalence(out):
     try:
         kn.fit(model, bad, progress=False)
         nf["fit"] = "no error"
-    except kn.NonFiniteLoss as e:
-        nf["fit"] = str(e)
+    except (kn.NonFiniteLoss, kn.FeedError) as e:
+        nf["fit"] = f"{type(e).__name__}: {e}"
     report["non_finite"] = nf
     # The same per-rank batch on every rank: fit refuses it on every rank, before any step.
     try:

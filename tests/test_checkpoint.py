@@ -103,6 +103,26 @@ def test_load_for_another_batch(trained):
         np.testing.assert_allclose(r.forward(feeds)[k], v, rtol=1e-6, atol=1e-7)
 
 
+def test_load_for_inference_at_batch_1(trained):
+    """A batch-norm model cannot train at batch 1; loaded for inference it runs there, with the
+    saved parameters and running statistics and its step count, and nothing of training."""
+    m, path = trained
+    with pytest.raises(kn.CheckpointError, match=r"training needs batch > 1.*inference=True"):
+        kn.load(path, batch=1)
+    r = kn.load(path, batch=1, inference=True)
+    assert r.batch == 1 and r.optimizer is None and not r.plan.training and r.step == m.step
+    _assert_identical(m, r)
+    feeds, _ = _batch(np.random.default_rng(5), n=1)
+    one = kn.load(path, inference=True)          # its own batch, 7
+    assert one.batch == 7
+    for k, v in r.forward(feeds).items():
+        np.testing.assert_allclose(v, m.forward({"x": np.repeat(feeds["x"], 7, 0)})[k][:1],
+                                   rtol=1e-6, atol=1e-7)
+    for bad in (1, "yes", None):
+        with pytest.raises(kn.CompileError, match="inference must be True or False"):
+            kn.load(path, inference=bad)
+
+
 def test_inference_model_round_trip(tmp_path):
     g = _graph()
     m = kn.compile(g, batch=7, seed=4)

@@ -262,3 +262,35 @@ def test_a_data_parallel_rank_never_defaults_to_the_simulator(fresh):
     for local in range(3):
         d = distributed.rank_device(local, None, devmod.select, read_settings())
         assert devmod.implementation(d) != "oclgrind", local
+
+
+def test_a_probe_build_that_drops_a_kernel_is_a_refusal(fresh, monkeypatch):
+    """PoCL 3.0 on a 2-core AMD EPYC built kilnet's 16-wide vector kernels into programs holding
+    no kernel, reporting success: the probe, which has such a kernel, names what it got."""
+    only_one = devmod.PROBE_SOURCE.split("__kernel void probe_vector")[0]
+    monkeypatch.setattr(devmod, "PROBE_SOURCE", only_one)
+    error = devmod.probe(ranked()[0])
+    assert error == ("the probe program built without error but holds the kernels ['probe'] "
+                     "instead of ['probe', 'probe_vector']")
+
+
+def test_a_program_built_without_its_kernels_is_a_compile_error_naming_it(fresh, monkeypatch):
+    import pyopencl as cl
+    real = cl.Program
+
+    class Empty:                                  # a driver that drops every kernel
+        def __init__(self, ctx, source):
+            self.prg = real(ctx, "__kernel void unused_here(__global float* x) { }")
+
+        def build(self, **kw):
+            self.prg = self.prg.build(**kw)
+            return self
+
+        kernel_names = ""
+    monkeypatch.setattr(cl, "Program", Empty)
+    g = kn.Graph("g")                             # sizes no other test builds in this process
+    g.output("y", kn.dense(g.input("x", (13,)), 11))
+    with pytest.raises(kn.CompileError, match=r"kernel '\w+': .* reported a successful build of "
+                                              r"a program that holds no kernel"):
+        kn.compile(g, batch=3, device=ranked()[0])
+    assert not any(f.suffix == ".bin" for f in fresh.iterdir())     # nothing of it cached

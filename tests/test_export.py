@@ -707,8 +707,10 @@ def test_bad_arguments_name_themselves(tiny_model, tmp_path):
         tiny_model.export(3)
     with pytest.raises(kn.BundleError, match="train must be True or False"):
         tiny_model.export(tmp_path / "a", train="yes")
-    with pytest.raises(kn.BundleError, match="does not exist"):
-        tiny_model.export(tmp_path / "no" / "such" / "dir")
+    made = tiny_model.export(tmp_path / "no" / "such" / "dir")      # its folders made, as --mql5's
+    assert os.path.isfile(os.path.join(made, "plan.json"))
+    with pytest.raises(kn.BundleError, match=r"cannot make the folder .*file.* for"):
+        tiny_model.export(tmp_path / "file" / "sub" / "b")           # under a file
     with pytest.raises(kn.BundleError, match="must end in .mqh"):
         mql5.write(str(tiny_model.export(tmp_path / "ok")), str(tmp_path / "x.txt"))
     made = mql5.write(str(tmp_path / "ok"), str(tmp_path / "MQL5" / "Include" / "mine" / "x.mqh"))

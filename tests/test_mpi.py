@@ -69,6 +69,8 @@ def test_two_ranks_train_as_one_process_with_twice_the_batch(tmp_path):
     for r in (r0, r1):
         nf = r["non_finite"]
         assert not nf["loss_is_finite"] and nf["unchanged"] and nf["step"] == 0
+        # Every rank names the feed on rank 1 that holds it, as train_step would there.
+        assert nf["fit"].startswith("FeedError: fit: step 1 (epoch 1): feed 'x'"), nf["fit"]
         assert "non-finite" in nf["fit"] and "on rank 1" in nf["fit"], nf["fit"]
         # The same batch on every rank is refused on every rank, before any step.
         assert "was given the same first batch" in r["unsharded"], r["unsharded"]

@@ -47,8 +47,12 @@ def test_the_file_names_its_inputs_and_outputs_with_a_symbolic_batch(tmp_path):
 
 def test_written_atomically_and_bad_paths_named(tmp_path):
     m = kn.compile(tiny(), batch=2)
-    with pytest.raises(kn.BundleError, match="does not exist"):
-        m.export_onnx(tmp_path / "no" / "t.onnx")
+    made = m.export_onnx(tmp_path / "no" / "such" / "t.onnx")     # its folders made (issue 44.4)
+    onnx_check.agrees(m, made)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(kn.BundleError, match=r"export_onnx: cannot make the folder .*file"):
+        m.export_onnx(tmp_path / "file" / "t.onnx")
+    assert not os.path.exists(tmp_path / "file" / "t.onnx")
     with pytest.raises(kn.BundleError, match="is a folder"):
         m.export_onnx(tmp_path)
     with pytest.raises(kn.BundleError, match="path must be a str"):
@@ -56,7 +60,9 @@ def test_written_atomically_and_bad_paths_named(tmp_path):
     (tmp_path / "t.onnx").write_bytes(b"old")
     m.export_onnx(tmp_path / "t.onnx")
     assert onnx.load(tmp_path / "t.onnx").graph.name == "tiny"
-    assert sorted(os.listdir(tmp_path)) == ["t.onnx"]          # no temporary file left
+    # No temporary file left, beside the test's own.
+    assert sorted(os.listdir(tmp_path)) == ["file", "no", "t.onnx"]
+    assert os.listdir(tmp_path / "no" / "such") == ["t.onnx"]
 
 
 def test_an_op_without_an_onnx_form_is_refused_by_name(tmp_path):

@@ -18,7 +18,8 @@ def test_steps_partition_the_launches_by_call():
     assert set(names) == {"forward", "evaluate", "gradients", "train_step"}
     assert "batchnorm_1.forward_infer" in names["forward"]
     assert "batchnorm_1.forward" not in names["forward"]
-    assert names["evaluate"][-1] == "loss.y.loss"
+    # The loss, then the check that makes it NaN where the feed is not finite.
+    assert names["evaluate"][-2:] == ["loss.y.loss", "finite.x.check"]
     assert names["gradients"][:len(names["evaluate"])] == names["evaluate"]
     # At batch 4 the optimizer forms the dense weights' gradients itself: train_step runs no
     # launch that stores them, gradients() does.

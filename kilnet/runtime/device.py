@@ -45,13 +45,19 @@ FIXES = {
 }
 DEFAULT_FIX = "update the driver, or name a device that builds with KILNET_DEVICE"
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
+# Two kernels: a work-group barrier, and the 16-wide vector loads and stores kilnet's kernels use
+# (PoCL 3.0 on a 2-core AMD EPYC built a program of those with no kernel in it, and said nothing).
 PROBE_SOURCE = """
 __kernel void probe(__global float *x, __local float *tmp) {
     int i = get_global_id(0), l = get_local_id(0);
     tmp[l] = exp(x[i]) + (float)l;
     barrier(CLK_LOCAL_MEM_FENCE);
     x[i] = tmp[get_local_size(0) - 1 - l];
+}
+__kernel void probe_vector(__global float *x) {
+    float16 v = vload16(0, x);
+    vstore16(v + v, 0, x);
 }
 """
 

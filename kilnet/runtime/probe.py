@@ -40,15 +40,20 @@ def build_and_run(device, source, shared=None):
         with warnings.catch_warnings():        # a successful build's log is noise here
             warnings.simplefilter("ignore", cl.CompilerWarning)
             prg = cl.Program(ctx, source).build()
+        names = sorted(n for n in prg.kernel_names.split(";") if n)
+        if names != ["probe", "probe_vector"]:
+            return (f"the probe program built without error but holds the kernels {names} "
+                    f"instead of ['probe', 'probe_vector']")
         x = np.zeros(16, np.float32)
         buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=x)
         prg.probe(queue, (16,), (4,), buf, cl.LocalMemory(16))
+        prg.probe_vector(queue, (1,), None, buf)
         cl.enqueue_copy(queue, x, buf)
     except Exception as e:     # a build log, an invalid context, a missing library: all say why
         return first_error_line(str(e)) or type(e).__name__
-    want = np.tile(np.arange(4, 0, -1, dtype=np.float32), 4)
+    want = 2 * np.tile(np.arange(4, 0, -1, dtype=np.float32), 4)
     if not np.allclose(x, want):
-        return f"the probe kernel ran but computed {x[:4].tolist()} instead of {want[:4].tolist()}"
+        return f"the probe kernels ran but computed {x[:4].tolist()} instead of {want[:4].tolist()}"
     return None
 
 

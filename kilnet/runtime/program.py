@@ -108,6 +108,13 @@ def build(device_ctx, kname, source, options=(), *, cache_dir, dump=None):
                     program = cl.Program(ctx, source).build(options=options, cache_dir=False)
             except cl.RuntimeError as e:
                 raise CompileError(_explain(kname, source, str(e))) from None
+            if not program.kernel_names.strip(";"):
+                dev = ctx.devices[0]
+                raise CompileError(
+                    f"kernel {kname!r}: {dev.platform.name}'s compiler on {dev.name!r} reported a "
+                    f"successful build of a program that holds no kernel (PoCL 3.0 does this on "
+                    f"CPUs newer than its LLVM); choose another device (KILNET_DEVICE, "
+                    f"`kilnet devices`)")
             if implementation(ctx.devices[0]) not in DEFERRED or os.path.exists(stem + ".seen"):
                 _to_disk(cl, program, path)
             else:
