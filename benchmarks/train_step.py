@@ -79,8 +79,9 @@ def run(device=None, steps=20, warmup=3, batches=(1, 64), show_per_kernel=False,
     return rows
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+def main(argv=None, prog=None):
+    """``prog``: the command's name in its usage line (``kilnet bench`` passes its own)."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=None)
     ap.add_argument("--device", default=None, help="OpenCL device: intel, pocl, nvidia, P:D (see "
                     "`kilnet devices`); default: KILNET_DEVICE, else the first GPU, else the best "

@@ -14,7 +14,9 @@
 ``inspect`` loads a Python file as a module (its ``if __name__ == "__main__"`` block does not
 run) or imports ``package.module``, calls the named function (default ``build_model``) with no
 arguments, and expects a compiled model or a ``kn.Graph`` (compiled for inference with
-``--batch``, default 1).
+``--batch``, default 1). Every command that takes a model also takes a ``.kiln`` checkpoint, at
+its own batch unless ``--batch`` says another; ``export`` loads one for inference (any batch,
+even 1 with a batch norm) unless ``--train`` asks for the training call.
 """
 import argparse
 import importlib
@@ -144,9 +146,8 @@ def load_model(target, batch=1):
 def cmd_inspect(args):
     if os.path.isdir(args.target):
         return _inspect_bundle(args)
-    if args.batch < 1:
-        raise UsageError(f"--batch must be >= 1, got {args.batch}")
-    model = load_model(args.target, batch=args.batch)
+    _check_batch(args)
+    model = _model_of(args.target, args.batch)
     pk = model.plan.plan_kernel
     if args.kernel and pk is not None and args.kernel == pk.name:
         print(f"// {pk.describe()}")
@@ -176,7 +177,10 @@ def _inspect_bundle(args):
         raise UsageError(f"{args.target} is a folder but not an export bundle (no plan.json)")
     doc = export.read(args.target)
     if args.kernel:
-        launch, source = export.kernel_source(args.target, doc, args.kernel)
+        try:
+            launch, source = export.kernel_source(args.target, doc, args.kernel)
+        except kn.BundleError as e:          # a name not there is a usage error, as for a model
+            raise UsageError(str(e)) from None
         print(f"// {launch['name']}: kernel {launch['kernel']}, global {tuple(launch['global_size'])}, "
               f"local {tuple(launch['local_size']) if launch['local_size'] else None}")
         print("// args: " + ", ".join(
@@ -211,11 +215,10 @@ def cmd_export(args):
         print(f"wrote {mql5.write(args.target, args.mql5)}: "
               f"{mql5.form_note(export.read(args.target, check_data=False))}")
         return 0
-    if args.batch < 1:
-        raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    _check_batch(args)
     if args.mql5 and not args.mql5.endswith(".mqh"):
         raise UsageError(f"--mql5 must name a .mqh file, got {args.mql5!r}")
-    model = load_model(args.target, batch=args.batch)
+    model = _model_of(args.target, args.batch, inference=not args.train)
     path = export.export(model, args.out, target=args.form, train=args.train)
     doc = export.read(path, check_data=False)
     print(f"wrote bundle {path}: {len(doc['launches'])} launches, {len(doc['kernels'])} kernels, "
@@ -226,13 +229,20 @@ def cmd_export(args):
     return 0
 
 
-def _model_of(target, batch):
-    """A .kiln checkpoint (its own batch; ``batch`` only when given), or what load_model loads."""
+def _check_batch(args):
+    if args.batch is not None and args.batch < 1:
+        raise UsageError(f"--batch must be >= 1, got {args.batch}")
+
+
+def _model_of(target, batch, inference=False):
+    """A .kiln checkpoint (its own batch; ``batch`` only when given; ``inference``: compiled for
+    forward alone, as ``kn.load(..., inference=True)``), or what load_model loads (a Graph at
+    ``batch``, default 1)."""
     if target.endswith(".kiln"):
         if not os.path.isfile(target):
             raise UsageError(f"no such file: {target}")
-        return kn.load(target, batch=batch)
-    return load_model(target, batch=batch or 1)
+        return kn.load(target, batch=batch, inference=inference)
+    return load_model(target, batch=1 if batch is None else batch)
 
 
 def _export_onnx(args):
@@ -245,9 +255,9 @@ def _export_onnx(args):
                          f"checkpoint); {args.target} is a bundle, which holds no graph")
     if args.mql5_onnx is not None and not args.mql5_onnx.endswith(".mq5"):
         raise UsageError(f"--mql5-onnx must name a .mq5 file, got {args.mql5_onnx!r}")
-    if args.batch < 1:
-        raise UsageError(f"--batch must be >= 1, got {args.batch}")
-    model = _model_of(args.target, args.batch)
+    _check_batch(args)
+    # ONNX is the inference graph; a bundle beside it trains where --train asks.
+    model = _model_of(args.target, args.batch, inference=not (args.out and args.train))
     if args.out is not None:
         path = export.export(model, args.out, target=args.form, train=args.train)
         print(f"wrote bundle {path}")
@@ -263,8 +273,7 @@ def _export_onnx(args):
 
 # -- tune -----------------------------------------------------------------------------------
 def cmd_tune(args):
-    if args.batch is not None and args.batch < 1:
-        raise UsageError(f"--batch must be >= 1, got {args.batch}")
+    _check_batch(args)
     if not args.budget > 0:         # also refuses nan
         raise UsageError(f"--budget must be a number of seconds > 0, got {args.budget}")
     if args.only is not None and not [p for p in args.only.split(",") if p.strip()]:
@@ -296,7 +305,7 @@ def cmd_bench(args):
     if path is None:
         raise UsageError("benchmarks/train_step.py not found: run `kilnet bench` from a kilnet "
                          "source checkout")
-    return _load_file(path).main(args.rest) or 0
+    return _load_file(path).main(args.rest, prog="kilnet bench") or 0
 
 
 # -- entry point ----------------------------------------------------------------------------
@@ -312,7 +321,7 @@ def parser():
                                    "the function (default build_model) and show what the model "
                                    "compiles to.")
     p.add_argument("target", help="file.py or module (calls build_model), file.py:function, "
-                   "module:function, or an export bundle folder")
+                   "module:function, a .kiln checkpoint, or an export bundle folder")
     p.add_argument("--kernel", metavar="NAME", help="print the OpenCL source of this launch "
                    "(e.g. dense_1.forward), or of the plan kernel (kl_plan), instead of the tables")
     p.add_argument("--memory", action="store_true", help="print the memory map (buffers, roles, offsets)")
@@ -324,7 +333,7 @@ def parser():
                                    "the folder OUT (atomically). With an existing bundle as TARGET "
                                    "and no OUT, --mql5 writes the include for that bundle.")
     p.add_argument("target", help="file.py, file.py:function or module:function (as for inspect), "
-                   "or a bundle folder")
+                   "a .kiln checkpoint (loaded for inference unless --train), or a bundle folder")
     p.add_argument("out", nargs="?", help="the bundle folder to write")
     p.add_argument("--target", dest="form", choices=("cpu", "gpu"),
                    help="kernel form to export (default: the model's own)")
@@ -347,9 +356,7 @@ def parser():
                                    "which later compiles on that device read.")
     p.add_argument("target", help="file.py, file.py:function or module:function (as for inspect), "
                    "or a .kiln checkpoint")
-    p.add_argument("--batch", type=int, default=None,
-                   help="batch to compile a returned kn.Graph for (default 1), or to load a "
-                        "checkpoint at (default its own)")
+    graph_batch(p)
     p.add_argument("--budget", type=float, default=tune.DEFAULT_BUDGET, metavar="SECONDS",
                    help=f"time to spend, the most expensive launches first (default "
                         f"{tune.DEFAULT_BUDGET:g})")
@@ -368,9 +375,10 @@ def parser():
 
 
 def graph_batch(p):
-    """--batch of the commands that load a model-building function, as inspect and export do."""
-    p.add_argument("--batch", type=int, default=1,
-                   help="batch to compile for when the function returns a kn.Graph (default 1)")
+    """--batch of the commands that take a model (inspect, export, tune)."""
+    p.add_argument("--batch", type=int, default=None,
+                   help="batch to compile a returned kn.Graph for (default 1), or to load a "
+                        "checkpoint at (default its own)")
 
 
 def main(argv=None):

@@ -162,3 +162,85 @@ def test_bench_prints_the_table(capsys):
         # the median is printed to 0.01 ms: samples/s is batch / median within that rounding
         lo, hi = (int(r[1]) / (median + d) * 1e3 for d in (0.005, -0.005))
         assert median > 0 and lo - 0.01 <= samples <= hi + 0.01, (median, samples)
+
+
+# -- checkpoints in every command that takes a model (issue 44.3, 44.5) -------------------------
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A trained batch-norm model's .kiln (batch 4): batch norm cannot train at batch 1."""
+    g = kn.Graph("ckpt_cli")
+    h = kn.batchnorm(kn.dense(g.input("x", (5,)), 6, activation="tanh"))
+    g.output("y", kn.softmax(kn.dense(h, 3)))
+    m = kn.compile(g, batch=4, optimizer=kn.Adam(lr=0.01), loss="cross_entropy", seed=3)
+    import numpy as np
+    rng = np.random.default_rng(0)
+    m.train_step({"x": rng.standard_normal((4, 5))}, {"y": np.eye(3)[[0, 1, 2, 0]]})
+    path = tmp_path_factory.mktemp("ckpt") / "trader.kiln"
+    m.save(path)
+    return str(path), m
+
+
+def test_inspect_takes_a_checkpoint_at_its_own_batch(capsys, checkpoint):
+    path, m = checkpoint
+    code, out, err = run_cli(capsys, "inspect", path)
+    assert code == 0, err
+    assert "model 'ckpt_cli': batch 4" in out and "training plan" in out
+    code, out, err = run_cli(capsys, "inspect", path, "--kernel", "batchnorm_1.forward")
+    assert code == 0 and "__kernel void" in out, err
+
+
+def test_export_of_a_checkpoint_is_for_inference_unless_train(capsys, checkpoint, tmp_path):
+    from kilnet import export
+    path, m = checkpoint
+    code, out, err = run_cli(capsys, "export", path, str(tmp_path / "b1"), "--batch", "1")
+    assert code == 0, err
+    doc = export.read(str(tmp_path / "b1"))
+    assert doc["batch"] == 1 and list(doc["calls"]) == ["forward"]
+    code, out, err = run_cli(capsys, "export", path, str(tmp_path / "deep" / "bt"), "--train")
+    assert code == 0, err
+    doc = export.read(str(tmp_path / "deep" / "bt"))
+    assert doc["batch"] == 4 and "train_step" in doc["calls"]
+    # --train at batch 1 cannot estimate the variance: refused, naming the fix.
+    code, out, err = run_cli(capsys, "export", path, str(tmp_path / "b3"), "--train", "--batch",
+                             "1")
+    assert code == 1 and "training needs batch > 1" in err, err
+    assert not (tmp_path / "b3").exists()
+
+
+def test_export_onnx_of_a_batch_norm_checkpoint_makes_its_folder(capsys, checkpoint, tmp_path):
+    import numpy as np
+    import onnxruntime as ort
+    path, m = checkpoint
+    out_file = tmp_path / "deploy" / "t.onnx"
+    code, out, err = run_cli(capsys, "export", path, "--onnx", str(out_file))
+    assert code == 0, err
+    assert "(float32, inference)" in out
+    x = np.random.default_rng(1).standard_normal((1, 5)).astype(np.float32)
+    got = ort.InferenceSession(str(out_file)).run(None, {"x": x})[0]
+    want = kn.load(path, batch=1, inference=True).forward({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["export", "x.kiln", "out", "--batch", "0"], "--batch must be >= 1, got 0"),
+    (["export", "x.kiln", "--onnx", "o.onnx", "--batch", "-1"], "--batch must be >= 1, got -1"),
+    (["tune", "x.kiln", "--batch", "0"], "--batch must be >= 1, got 0"),
+    (["inspect", "no_such.kiln"], "no such file: no_such.kiln"),
+])
+def test_bad_batches_and_checkpoints_exit_2(capsys, argv, culprit):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and culprit in err, err
+
+
+def test_an_unknown_kernel_of_a_bundle_exits_2_as_for_a_model(capsys, checkpoint, tmp_path):
+    path, _ = checkpoint
+    assert run_cli(capsys, "export", path, str(tmp_path / "b"))[0] == 0
+    code, _, err = run_cli(capsys, "inspect", str(tmp_path / "b"), "--kernel", "dense_9.forward")
+    assert code == 2 and "no launch or kernel named 'dense_9.forward'" in err, err
+    assert "Traceback" not in err
+
+
+def test_bench_help_names_kilnet_bench(capsys):
+    code, out, _ = run_cli(capsys, "bench", "--help")
+    assert code == 0 and out.startswith("usage: kilnet bench "), out[:80]

@@ -173,3 +173,37 @@ def test_small_batches_form_dense_weight_gradients_in_the_update(batch, which, m
     a, b = fused.gradients({"x": x}, {"p": t}), stored.gradients({"x": x}, {"p": t})
     for k in b:
         np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-15, err_msg=k)
+
+
+@pytest.mark.parametrize("make", [kn.SGD, kn.Adam])
+def test_setters_check_as_the_constructor_does(make):
+    """``model.optimizer.lr = "0.1"`` or ``-0.1`` was taken (issue 44.6): a setter refuses what
+    the constructor refuses, on the user's object and on the model's, leaving the value as it
+    was; the model's other settings are kernel constants, refused rather than ignored."""
+    g = kn.Graph("setters")
+    g.output("y", kn.dense(g.input("x", (3,)), 2))
+    m = kn.compile(g, batch=2, optimizer=make(lr=0.05), loss="mse")
+    mine = make(lr=0.05)
+    for opt in (mine, m.optimizer):
+        for bad in ("0.1", -0.1, float("nan"), float("inf"), None, True):
+            with pytest.raises(kn.GraphError, match=rf"{make.__name__}: lr must be a finite "
+                                                    rf"number in \[0, inf\], got {bad!r}"):
+                opt.lr = bad
+            assert opt.lr == 0.05
+        opt.lr = 1                                   # an int is a number: stored as a float
+        assert opt.lr == 1.0 and type(opt.lr) is float
+    other = "momentum" if make is kn.SGD else "b1"
+    setattr(mine, other, 0.5)
+    assert getattr(mine, other) == 0.5
+    with pytest.raises(kn.GraphError, match=rf"{make.__name__}: {other} must be .*got 1.5"):
+        setattr(mine, other, 1.5)
+    before = getattr(m.optimizer, other)
+    with pytest.raises(kn.GraphError, match=rf"{make.__name__}\.{other} of the plan of graph "
+                                            rf"'setters' is a constant of its update kernel"):
+        setattr(m.optimizer, other, 0.5)
+    assert getattr(m.optimizer, other) == before
+    # The model's lr is read on every step: 0 leaves the parameters as they were.
+    m.optimizer.lr = 0.0
+    w = m.params["dense_1.weight"]
+    m.train_step({"x": np.ones((2, 3))}, {"y": np.zeros((2, 2))})
+    np.testing.assert_array_equal(m.params["dense_1.weight"], w)

@@ -460,6 +460,8 @@ def lower(graph, batch, optimizer=None, loss=None, dtype="float32", *, input_gra
     recorded in the plan for the runtime."""
     graph = graph.copy(owner=f"the plan compiled from graph {graph.name!r}")
     optimizer = copy.deepcopy(optimizer)
+    if optimizer is not None:
+        optimizer.compiled_into(f"the plan of graph {graph.name!r}")
     if settings is not None:
         render.use_cache(settings.cache)
     plan = _lower(graph, batch, dtype, loss or {}, optimizer, input_grads, debug_buffers, target,

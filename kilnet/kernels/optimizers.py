@@ -19,8 +19,31 @@ def _number(owner, key, v, lo, hi, lo_open=False, hi_open=False):
 
 
 class Optimizer:
+    """Its settings are checked wherever they are set, by the constructor or later. A model's
+    own optimizer (``model.optimizer``, a copy of the one compiled) takes a new learning rate
+    on the next step (a device scalar); its other settings are constants of the update kernel,
+    so setting one there is refused rather than ignored."""
     kind = ""
     moments = 0
+    keys = ()
+    RANGES = {}             # key: (lo, hi, lo_open, hi_open)
+    RUNTIME = ("lr",)       # the settings a step reads from the scalars buffer
+
+    def __setattr__(self, key, value):
+        if key in self.keys:
+            compiled = self.__dict__.get("_compiled")
+            if compiled and key not in self.RUNTIME:
+                raise GraphError(f"{type(self).__name__}.{key} of {compiled} is a constant of its "
+                                 f"update kernel; compile again with {type(self).__name__}("
+                                 f"{key}={value!r}) to change it (only "
+                                 f"{', '.join(self.RUNTIME)} changes between steps)")
+            lo, hi, lo_open, hi_open = self.RANGES[key]
+            value = _number(type(self).__name__, key, value, lo, hi, lo_open, hi_open)
+        object.__setattr__(self, key, value)
+
+    def compiled_into(self, owner):
+        """Mark this copy as the one ``owner`` (a plan) compiled into its kernels."""
+        object.__setattr__(self, "_compiled", owner)
 
     def config(self):
         return {k: getattr(self, k) for k in self.keys}
@@ -57,10 +80,10 @@ class Optimizer:
 class SGD(Optimizer):
     """w ← w − lr·v, v ← momentum·v + g (PyTorch's placement of the learning rate)."""
     kind, moments, keys = "sgd", 1, ("lr", "momentum")
+    RANGES = {"lr": (0, math.inf, False, False), "momentum": (0, 1, False, True)}
 
     def __init__(self, lr=0.01, momentum=0.0):
-        self.lr = _number("SGD", "lr", lr, 0, math.inf)
-        self.momentum = _number("SGD", "momentum", momentum, 0, 1, hi_open=True)
+        self.lr, self.momentum = lr, momentum
 
     def scalars(self, step):
         return [self.lr, 0.0, 0.0]
@@ -69,12 +92,11 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     """Adam with bias correction, as torch.optim.Adam: w ← w − lr·m̂/(√v̂ + eps)."""
     kind, moments, keys = "adam", 2, ("lr", "b1", "b2", "eps")
+    RANGES = {"lr": (0, math.inf, False, False), "b1": (0, 1, False, True),
+              "b2": (0, 1, False, True), "eps": (0, math.inf, True, False)}
 
     def __init__(self, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
-        self.lr = _number("Adam", "lr", lr, 0, math.inf)
-        self.b1 = _number("Adam", "b1", b1, 0, 1, hi_open=True)
-        self.b2 = _number("Adam", "b2", b2, 0, 1, hi_open=True)
-        self.eps = _number("Adam", "eps", eps, 0, math.inf, lo_open=True)
+        self.lr, self.b1, self.b2, self.eps = lr, b1, b2, eps
 
     def scalars(self, step):
         return [self.lr, 1.0 - self.b1 ** step, 1.0 - self.b2 ** step]
