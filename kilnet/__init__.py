@@ -14,6 +14,15 @@ from .runtime.device import devices
 from .policy.symbolic import ACTIVATIONS
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    """A missing attribute of the package: one that looks like an op names the ops there are,
+    as ``Graph.add`` does for an unknown op kind."""
+    message = f"module 'kilnet' has no attribute {name!r}"
+    if name.isidentifier() and name.islower() and not name.startswith("_"):
+        message += f"; kilnet has no op {name}(): the ops are {', '.join(BUILDERS)}"
+    raise AttributeError(message)
 __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "ACTIVATIONS",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError",
            "CheckpointError", "BundleError", "DeviceError", "MemoryCheckError", "fit", "History",

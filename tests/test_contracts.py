@@ -81,3 +81,29 @@ def test_a_compiled_plan_sets_every_offset():
         for a in la.args:
             assert a.offset == m.plan.buffers[a.buffer].offset, (la.name, a)
     assert m.forward({"x": np.ones((3, 5))})["y"].shape == (3, 3)
+
+
+@pytest.mark.parametrize("name", kn.BUILDERS)
+def test_every_builder_carries_its_modules_maths(name):
+    """``help(kn.conv1d)`` showed a one-liner while the maths sat in the module's docstring
+    (issue 44.8): every public builder's docstring ends with its module's notes."""
+    import sys
+    builder = getattr(kn, name)
+    module_doc = sys.modules[builder.__module__].__doc__
+    assert module_doc and module_doc.strip() in builder.__doc__, name
+    assert builder.__doc__.count(f"Notes (the module {builder.__module__}):") == 1
+
+
+@pytest.mark.parametrize("name", ["lstm_peephole", "no_such_op"])
+def test_a_missing_op_is_named_with_the_ops_there_are(name):
+    """``kn.lstm`` was a bare AttributeError before the op existed (issue 44.8)."""
+    import re
+    with pytest.raises(AttributeError) as e:
+        getattr(kn, name)
+    assert str(e.value) == (f"module 'kilnet' has no attribute '{name}'; kilnet has no op "
+                            f"{name}(): the ops are {', '.join(kn.BUILDERS)}")
+    assert re.search(r"the ops are activation, add_norm, batchnorm, concat, conv1d, dense",
+                     str(e.value))
+    with pytest.raises(AttributeError, match=r"^module 'kilnet' has no attribute 'Lstm'$"):
+        kn.Lstm
+    assert not hasattr(kn, "__wrapped__")      # what inspect and doctest probe for

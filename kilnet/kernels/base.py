@@ -24,7 +24,7 @@ def register(obj):
     ``templates``. A composite that only builds other ops (``gte_block``) decorates its builder
     function instead."""
     if not isinstance(obj, type):
-        BUILDERS[obj.__name__] = obj
+        BUILDERS[obj.__name__] = _with_notes(obj)
         return obj
     for name, source in obj.templates.items():
         if TEMPLATES.get(name, source) != source:
@@ -32,8 +32,22 @@ def register(obj):
         TEMPLATES[name] = source
     _REGISTRY[obj.kind] = obj()
     if obj.builder is not None:
-        BUILDERS[obj.builder.__name__] = obj.builder
+        BUILDERS[obj.builder.__name__] = _with_notes(obj.builder)
     return obj
+
+
+NOTES = "Notes (the module {module}):"
+
+
+def _with_notes(builder):
+    """``builder`` with its module's docstring, where each op writes down its maths, appended
+    to its own (once), so that ``help(kn.conv1d)`` shows what the op computes."""
+    import sys
+    heading = NOTES.format(module=builder.__module__)
+    module_doc = getattr(sys.modules.get(builder.__module__), "__doc__", None)
+    if module_doc and heading not in (builder.__doc__ or ""):
+        builder.__doc__ = f"{(builder.__doc__ or '').rstrip()}\n\n{heading}\n\n{module_doc.strip()}\n"
+    return builder
 
 
 @dataclass
