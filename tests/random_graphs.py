@@ -90,7 +90,7 @@ def build(c, max_ops=5, second_input=True):
         elif op == "activation":
             y = kn.activation(x, c.pick(ACTS[1:]))
         elif op == "batchnorm":
-            y = kn.batchnorm(x, activation=c.pick(ACTS))
+            y = kn.batchnorm(x, activation=c.pick(ACTS), per=c.pick(["element", "channel"]))
         elif op == "softmax":
             y = kn.softmax(x, heads=c.pick(divisors(x.size)))
         elif op == "concat":

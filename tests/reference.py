@@ -70,15 +70,17 @@ def conv1d(x, weight, bias, step=1, activation=None):
     return act(out, activation)
 
 
-def batchnorm_train(x, gamma, beta, eps=1e-5, activation=None):
-    """Training mode: every element of the sample is a feature; batch mean, biased variance.
-    Returns (y, batch mean, unbiased batch variance)."""
+def batchnorm_train(x, gamma, beta, eps=1e-5, activation=None, per="element"):
+    """Training mode: every element of the sample is a feature (``per="channel"``: every channel
+    of the last axis, over the batch and the other axes); batch mean, biased variance. Returns
+    (y, batch mean, unbiased batch variance)."""
     x = f64(x)
-    B = len(x)
-    mean = x.mean(axis=0)
-    var = ((x - mean) ** 2).mean(axis=0)
+    axes = tuple(range(x.ndim - 1)) if per == "channel" else (0,)
+    n = int(np.prod([x.shape[a] for a in axes]))
+    mean = x.mean(axis=axes)
+    var = ((x - mean) ** 2).mean(axis=axes)
     y = f64(gamma) * (x - mean) / np.sqrt(var + eps) + f64(beta)
-    unbiased = var * B / (B - 1)
+    unbiased = var * n / (n - 1)
     return act(y, activation), mean, unbiased
 
 
@@ -227,7 +229,8 @@ def _batchnorm(node, xs, P, training):
               a["eps"], a["activation"])
         return y[0] if training else y
     if training:
-        return batchnorm_train(xs[0], p("gamma"), p("beta"), a["eps"], a["activation"])[0]
+        return batchnorm_train(xs[0], p("gamma"), p("beta"), a["eps"], a["activation"],
+                               a.get("per", "element"))[0]
     return batchnorm_infer(xs[0], p("gamma"), p("beta"), p("running_mean"), p("running_var"),
                            a["eps"], a["activation"])
 

@@ -1,4 +1,5 @@
-"""batchnorm: every element of the sample is its own feature, normalised over the batch.
+"""batchnorm: every element of the sample is its own feature, normalised over the batch; or,
+with ``per="channel"``, every channel of the last axis, over the batch and every other axis.
 
 Training (``train_step``, ``gradients``) uses the batch mean and biased variance; inference
 (``forward``) uses the running statistics, which are updated after each training step with
@@ -42,6 +43,24 @@ call, inference included, and start at 0 (here only train_step stores them; they
 resets γ = 0 to 1 (here the map above is used as written for every B >= 1 and every γ); eps is
 the op's ``eps`` rather than a version-dependent constant.
 
+``per="channel"`` (minibatch mode only): for an input of shape (..., C), the C channels of the
+last axis are the features, each normalised over the batch and every other axis, as PyTorch's
+``BatchNorm1d`` normalises a (N, C, L) input per channel over N and L (kilnet's layout is
+channels last: a conv1d's (U', F) output gets F statistics, each over batch·U' values). With
+P = size / C values per sample and channel, every statistic is over the n = B·P values
+x[b, p, c] of channel c:
+
+    μ_c = Σ x/n,   σ²_c = Σ (x − μ_c)²/n,   x̂ = (x − μ_c)/√(σ²_c + eps),   y = act(γ_c·x̂ + β_c),
+
+training stores running_mean ← (1 − m)·running_mean + m·μ_c and running_var likewise with
+the unbiased σ²_c·n/(n − 1); inference uses the running statistics. The gradient is the one
+above with n in place of B: dx = γ·inv/n·(n·g − Σg − x̂·Σ(g·x̂)), g = dy·act'(·), the sums over
+the n values of the channel; dgamma = Σ g·x̂, dbeta = Σ g. ``gamma``, ``beta``, ``running_mean``
+and ``running_var`` have shape (C,). Because the values of a channel are every C-th element of
+the batch, the kernels are the per-element ones with C features of B·P rows each (a row is one
+position of one sample), so the two modes share one template and its checks. Training needs
+n > 1 (batch 1 is enough when P > 1); ``sync`` spans the ranks' n values alike.
+
 ``sync=True`` (data-parallel training, ``kn.compile(..., comm=...)`` over R ranks): the batch
 statistics are those of all R·B samples of the step, not of this rank's B. Forward computes each
 rank's mean and biased variance, the ranks exchange them on the host and combine them exactly
@@ -59,17 +78,27 @@ from ..graph import graph_of
 from ..kernels.base import Collective, GraphError, Op, Param, inout, int_attr, kernel, need, out, register
 from ..policy import symbolic
 
+PER = ("element", "channel")
 
 
-def batchnorm(x, momentum=0.1, eps=1e-5, activation=None, streaming=None, sync=False, name=None):
+def batchnorm(x, momentum=0.1, eps=1e-5, activation=None, streaming=None, sync=False,
+              per="element", name=None):
     """Normalise each feature over the batch (or, with ``streaming=B``, over an exponential
     window of B samples, one sample at a time), then y = act(gamma·x̂ + beta). ``sync=True``:
-    in data-parallel training, over the whole batch of every rank (see the module's notes)."""
+    in data-parallel training, over the whole batch of every rank (see the module's notes).
+
+    ``per``: what a feature is. ``"element"`` (the default, the articles' layer): every element
+    of the sample, so the parameters and running statistics have the sample's shape.
+    ``"channel"``: every channel of the last axis, normalised over the batch and every other
+    axis (PyTorch's ``BatchNorm1d`` on channels); the parameters and running statistics have
+    shape (C,). Minibatch mode only."""
     attrs = {"momentum": momentum, "eps": eps, "activation": activation}
     if streaming is not None:      # the minibatch mode's attributes stay exactly as they were
         attrs["streaming"] = streaming
     if sync is not False:          # likewise: only a synchronised batch norm records it
         attrs["sync"] = sync
+    if per != "element":           # likewise: only a per-channel batch norm records it
+        attrs["per"] = per
     return graph_of(x, "batchnorm").add("batchnorm", [x], attrs, name)
 
 
@@ -104,17 +133,40 @@ class BatchNorm(Op):
                  "keep per-rank streaming statistics (sync=False)", GraphError)
             if not a["sync"]:
                 del a["sync"]
+        if "per" in a:
+            need(a["per"] in PER, node, f"per must be one of {', '.join(map(repr, PER))}, got "
+                 f"{a['per']!r}", GraphError)
+            need(not (a["per"] == "channel" and a.get("streaming") is not None), node,
+                 "per='channel' is a minibatch mode: it cannot be combined with streaming=B "
+                 "(the streaming window runs per element)", GraphError)
+            if a["per"] == "element":
+                del a["per"]
         return node.inputs[0].shape
 
+    @staticmethod
+    def _features(node):
+        """(features F, values per sample and feature P): (size, 1) per element; (C, size / C)
+        per channel of the last axis."""
+        if node.attrs.get("per") == "channel":
+            C = node.shape[-1]
+            return C, node.size // C
+        return node.size, 1
+
+    def _feature_shape(self, node):
+        return node.shape if node.attrs.get("per") is None else (node.shape[-1],)
+
     def params(self, node):
-        return [Param("gamma", node.shape, "ones"), Param("beta", node.shape, "zeros")]
+        shape = self._feature_shape(node)
+        return [Param("gamma", shape, "ones"), Param("beta", shape, "zeros")]
 
     def state(self, node):
-        return [Param("running_mean", node.shape, "zeros"), Param("running_var", node.shape, "ones")]
+        shape = self._feature_shape(node)
+        return [Param("running_mean", shape, "zeros"), Param("running_var", shape, "ones")]
 
     def onnx(self, node, e):
-        """Inference mode as the kernels compute it (every element its own feature, so the
-        parameters and state broadcast over the batch as they are). Minibatch:
+        """Inference mode as the kernels compute it (every element its own feature, or every
+        channel of the last axis: either way the parameters and state broadcast over the batch,
+        and per channel over the other axes, as they are). Minibatch:
         y = act(γ·(x − running_mean)·(running_var + eps)^-½ + β). Streaming (B): each sample one
         step of the window from the stored state, μ' = ((B−1)·running_mean + x)/B, δ = x − μ',
         σ²' = ((B−1)·running_var + δ²)/B, y = act(γ·δ·(σ²' + eps)^-½ + β); nothing is stored."""
@@ -143,15 +195,19 @@ class BatchNorm(Op):
         # CPUs: V features a work-item as one vector (PoCL ran the scalar form at ~0.3 GB/s).
         s = ctx.schedule(step, "vector_map")
         V = s.vector
-        consts = dict(F=node.size, B=ctx.batch, M=ctx.batch * self._ranks(node, ctx), V=V,
+        # Per channel, a row of the kernels is one position of one sample: C features of B·P
+        # rows of stride C (the layout of x is (batch, position, channel) either way).
+        F, P = self._features(node)
+        rows = ctx.batch * P
+        consts = dict(F=F, B=rows, M=rows * self._ranks(node, ctx), V=V,
                       mode=mode, eps=repr(a["eps"]),
                       momentum=repr(a["momentum"]), act=act, dact=dact,
                       vact=symbolic.vectorised(act), vdact=symbolic.vectorised(dact), **extra)
-        items = -(-node.size // V)
+        items = -(-F // V)
         return kernel(step, "batchnorm", consts, buffers, *s.cover(items))
 
     def _stats(self, node, ctx):
-        return ctx.scratch("batch_stats", 2 * node.size)    # batch mean, biased variance
+        return ctx.scratch("batch_stats", 2 * self._features(node)[0])  # mean, biased variance
 
     @staticmethod
     def _ranks(node, ctx):
@@ -165,13 +221,14 @@ class BatchNorm(Op):
         if ctx.training:
             if self._ranks(node, ctx) > 1:
                 # This rank's statistics, combined over the ranks on the host, then normalise.
-                local = ctx.scratch("rank_stats", 2 * node.size)
+                local = ctx.scratch("rank_stats", 2 * self._features(node)[0])
                 stats = self._stats(node, ctx)
                 return [self._k("stats", node, ctx, "stats", {"inp": ctx.x(0), "stats": out(local)}),
                         Collective("sync_stats", "mean_var", local, stats),
                         self._k("forward", node, ctx, "normalize", dict(common, stats=stats))]
-            need(ctx.batch > 1, node, "training needs batch > 1 to estimate a variance, got batch 1",
-                 GraphError)
+            # Per channel, batch 1 has P values per statistic: P > 1 is enough.
+            need(ctx.batch * self._features(node)[1] > 1, node,
+                 "training needs batch > 1 to estimate a variance, got batch 1", GraphError)
             return [self._k("forward", node, ctx, "train", dict(common, stats=out(self._stats(node, ctx))))]
         return [self._k("forward", node, ctx, "infer",
                         dict(common, mean=ctx.s("running_mean"), var=ctx.s("running_var")))]
@@ -188,7 +245,7 @@ class BatchNorm(Op):
             if not ctx.dx(0):
                 return [self._k("backward", node, ctx, "backward", bufs, input_grad=False,
                                 accumulate=False)]
-            sums = ctx.scratch("rank_sums", 2 * node.size)
+            sums = ctx.scratch("rank_sums", 2 * self._features(node)[0])
             dx = {k: bufs[k] for k in ("inp", "dout", "gamma", "beta", "stats")}
             return [self._k("sums", node, ctx, "sums", dict(bufs, sums=out(sums)), input_grad=False,
                             accumulate=False),
