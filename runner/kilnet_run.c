@@ -151,7 +151,12 @@ KL_CL_FUNCTIONS(KL_SAME)
 #define clGetProgramInfo kl_clGetProgramInfo
 #define clCreateProgramWithBinary kl_clCreateProgramWithBinary
 
-static const char *const kl_loaders[] = {"libOpenCL.so.1", "libOpenCL.so"};
+/* The system's loader names; a build may name others (the tests build one as on a machine that
+   has none: -DKL_SYSTEM_LOADERS='"libOpenCL-absent.so.1"'). */
+#ifndef KL_SYSTEM_LOADERS
+#define KL_SYSTEM_LOADERS "libOpenCL.so.1", "libOpenCL.so"
+#endif
+static const char *const kl_loaders[] = {KL_SYSTEM_LOADERS};
 static const char *loader_name = "(none)";
 
 /* The drivers kilnet registers from PyPI (Intel's CPU runtime) are listed in a folder that
@@ -160,15 +165,23 @@ static const char *loader_name = "(none)";
    so that a bundle runs as the README shows it. The cache: KILNET_CACHE_DIR, else
    $XDG_CACHE_HOME/kilnet, else ~/.cache/kilnet (as runtime/program.py). */
 static char kilnet_vendors[4096];
+/* kilnet's cache folder into out (empty where neither variable says one). */
+static void kilnet_cache(char *out, size_t size) {
+    const char *dir = getenv("KILNET_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    out[0] = 0;
+    if (dir && *dir) snprintf(out, size, "%s", dir);
+    else if (xdg && *xdg) snprintf(out, size, "%s/kilnet", xdg);
+    else if (home && *home) snprintf(out, size, "%s/.cache/kilnet", home);
+}
 static void find_kilnet_vendors(void) {
-    const char *set = getenv("OCL_ICD_VENDORS"), *dir = getenv("KILNET_CACHE_DIR");
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    char root[3072], path[4096]; DIR *d; struct dirent *e; struct stat st; time_t best = 0;
+    const char *set = getenv("OCL_ICD_VENDORS");
+    char cache[3000], root[3072], path[4096]; DIR *d; struct dirent *e; struct stat st;
+    time_t best = 0;
     if (set && *set) return;
-    if (dir && *dir) snprintf(root, sizeof root, "%s/icd", dir);
-    else if (xdg && *xdg) snprintf(root, sizeof root, "%s/kilnet/icd", xdg);
-    else if (home && *home) snprintf(root, sizeof root, "%s/.cache/kilnet/icd", home);
-    else return;
+    kilnet_cache(cache, sizeof cache);
+    if (!cache[0]) return;
+    snprintf(root, sizeof root, "%s/icd", cache);
     if (!(d = opendir(root))) return;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
@@ -198,17 +211,44 @@ static void set_pyopencl_home(const char *loader) {
     setenv("PYOPENCL_HOME", pyopencl_home, 1);
 }
 
-/* Open the ICD loader and find every function; returns the loader's name, or NULL with *why. */
+/* The loader `import kilnet` recorded (pyopencl's, in <cache>/opencl-loader), or NULL. */
+static char recorded_loader[4096];
+static const char *kilnet_loader(void) {
+    char cache[3000], path[3100]; FILE *f; size_t n;
+    kilnet_cache(cache, sizeof cache);
+    if (!cache[0]) return NULL;
+    snprintf(path, sizeof path, "%s/opencl-loader", cache);
+    if (!(f = fopen(path, "r"))) return NULL;
+    n = fread(recorded_loader, 1, sizeof recorded_loader - 1, f);
+    fclose(f);
+    recorded_loader[n] = 0;
+    while (n && (recorded_loader[n - 1] == '\n' || recorded_loader[n - 1] == '\r'))
+        recorded_loader[--n] = 0;
+    return n && recorded_loader[0] == '/' ? recorded_loader : NULL;
+}
+
+/* Open the ICD loader and find every function; returns the loader's name, or NULL with *why.
+   KILNET_OPENCL_LIBRARY where set; else the system's; else the one `import kilnet` recorded
+   (pyopencl's, on a machine whose OpenCL came from pip alone). */
 static const char *open_opencl(char *why, size_t size) {
-    const char *named = getenv("KILNET_OPENCL_LIBRARY"), *tried[3];
+    const char *named = getenv("KILNET_OPENCL_LIBRARY"), *tried[4], *recorded = NULL;
     void *lib = NULL; size_t i, n = 0;
     if (named && *named) { tried[n++] = named; set_pyopencl_home(named); }
     else for (i = 0; i < sizeof kl_loaders / sizeof *kl_loaders; i++) tried[n++] = kl_loaders[i];
     for (i = 0; i < n && !lib; i++) lib = dlopen(tried[i], RTLD_NOW | RTLD_GLOBAL);
+    if (!lib && !(named && *named) && (recorded = kilnet_loader())) {
+        set_pyopencl_home(recorded);
+        tried[n++] = recorded;
+        lib = dlopen(recorded, RTLD_NOW | RTLD_GLOBAL);
+        i = n;
+    }
     if (!lib) {
-        snprintf(why, size, "cannot open the OpenCL ICD loader %s%s (%s); name one with "
-                 "KILNET_OPENCL_LIBRARY (pyopencl's wheel carries one in pyopencl/.libs)",
-                 tried[0], n > 1 ? " or libOpenCL.so" : "", dlerror());
+        snprintf(why, size, "cannot open the OpenCL ICD loader %s%s%s%s (%s); name one with "
+                 "KILNET_OPENCL_LIBRARY (pyopencl's wheel carries one in pyopencl/.libs; "
+                 "`import kilnet` records it in its cache folder for the runner)",
+                 tried[0], n > 1 ? " or " : "", n > 1 ? tried[n - 1] : "",
+                 named && *named ? "" : recorded ? "" : ", and kilnet's cache records none",
+                 dlerror());
         return NULL;
     }
 #define KL_FIND(ret, name, params) \

@@ -64,10 +64,11 @@ def loader():
         return pyopencl_loader()
 
 
-def build(out):
-    """Compile the runner to ``out``; returns what it was built with (its ``--about`` line)."""
+def build(out, extra=()):
+    """Compile the runner to ``out`` (with the compiler flags ``extra`` too); returns what it
+    was built with (its ``--about`` line)."""
     cc, _ = compiler()
-    flags = ["-DKILNET_OWN_CL"] if _mode() == "0" else []
+    flags = (["-DKILNET_OWN_CL"] if _mode() == "0" else []) + list(extra)
     if sanitized():
         flags += ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                   "-fno-omit-frame-pointer"]
@@ -108,12 +109,12 @@ def environment(env):
 
 def shell_environment(env):
     """What a user's shell hands the runner, as ``env -i`` makes it: PATH and HOME, the KILNET_*
-    settings, and of ``env`` only the runner's own (the loader, OCL_ICD_VENDORS, the sanitizers') —
-    none of what ``import pyopencl`` sets in this process (PYOPENCL_HOME, which pyopencl's loader
-    needs: the runner must set it itself)."""
+    settings, and of ``env`` (as ``environment`` made it, or not) only the runner's own (the
+    loader, OCL_ICD_VENDORS, the sanitizers') — none of what ``import pyopencl`` sets in this
+    process (PYOPENCL_HOME, which pyopencl's loader needs: the runner must set it itself)."""
     keep = ("KILNET_", "OCL_ICD_VENDORS", "ASAN_OPTIONS", "UBSAN_OPTIONS")
     out = {k: v for k, v in os.environ.items() if k.startswith("KILNET_")}   # the user's own
-    out.update((k, v) for k, v in environment(env).items() if k.startswith(keep))
+    out.update((k, v) for k, v in env.items() if k.startswith(keep))
     out.update(PATH="/usr/bin:/bin", HOME=os.environ.get("HOME", "/root"))
     return out
 

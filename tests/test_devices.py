@@ -294,3 +294,21 @@ def test_a_program_built_without_its_kernels_is_a_compile_error_naming_it(fresh,
                                               r"a program that holds no kernel"):
         kn.compile(g, batch=3, device=ranked()[0])
     assert not any(f.suffix == ".bin" for f in fresh.iterdir())     # nothing of it cached
+
+
+def test_import_records_pyopencls_loader_for_the_runner(tmp_path, monkeypatch):
+    """runner/kilnet_run.c opens <cache>/opencl-loader where the system has no libOpenCL.so.1:
+    written whole, rewritten only when the path changes, nothing where pyopencl has none."""
+    from kilnet.runtime import icd
+    lib = icd.pyopencl_loader()
+    assert lib and os.path.isfile(lib) and "/pyopencl/.libs/libOpenCL" in lib
+    assert icd.record_loader(str(tmp_path / "c")) == lib
+    record = tmp_path / "c" / icd.LOADER_RECORD
+    assert record.read_text() == lib + "\n"
+    before = record.stat().st_mtime_ns
+    os.utime(record, ns=(before - 10**9, before - 10**9))
+    assert icd.record_loader(str(tmp_path / "c")) == lib
+    assert record.stat().st_mtime_ns == before - 10**9            # the same path: not rewritten
+    assert sorted(os.listdir(tmp_path / "c")) == [icd.LOADER_RECORD]   # no temporary file
+    monkeypatch.setattr(icd, "pyopencl_loader", lambda: None)
+    assert icd.record_loader(str(tmp_path / "d")) is None and not (tmp_path / "d").exists()

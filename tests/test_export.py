@@ -517,6 +517,39 @@ def test_runner_from_a_plain_shell_skips_a_batch_holding_a_nan(runner, run_env, 
                                    rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_runner_without_a_system_loader_opens_the_one_kilnet_recorded(tmp_path):
+    """A machine whose OpenCL came from pip alone has no libOpenCL.so.1: the runner (built here
+    as there, its system loader names absent) opens pyopencl's loader, which ``import kilnet``
+    recorded in its cache folder, from a plain shell with no KILNET_OPENCL_LIBRARY; without the
+    record it says what to set, exit status 1."""
+    from kilnet.runtime import icd
+    from kilnet.settings import read as read_settings
+    out = str(tmp_path / "kilnet_run")
+    c_runner.build(out, ['-DKL_SYSTEM_LOADERS="libOpenCL-absent-here.so.1"'])
+    cache = read_settings().cache
+    assert open(os.path.join(cache, icd.LOADER_RECORD)).read().strip() == icd.pyopencl_loader()
+    env = c_runner.shell_environment(c_runner.environment({}))
+    env.pop("KILNET_OPENCL_LIBRARY", None)
+    env["KILNET_CACHE_DIR"] = cache
+    model = kn.compile(tiny_graph(), batch=2)
+    bundle = model.export(tmp_path / "b")
+    doc = export.read(bundle)
+    x = batch_data(doc, "inputs", np.random.default_rng(0))
+    write(tmp_path / "x.bin", doc, "inputs", x)
+    r = run(out, env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y.bin")
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_allclose(np.fromfile(tmp_path / "y.bin", np.float32).reshape(2, 4),
+                               model.forward(x)["y"], rtol=1e-5, atol=1e-6)
+    about = run(out, env, "--about")
+    assert f"loader: {icd.pyopencl_loader()}" in about.stdout, about.stdout
+    (tmp_path / "empty").mkdir()
+    r = run(out, dict(env, KILNET_CACHE_DIR=str(tmp_path / "empty")), bundle, "forward",
+            tmp_path / "x.bin", tmp_path / "y2.bin")
+    assert r.returncode == 1 and not (tmp_path / "y2.bin").exists()
+    assert "cannot open the OpenCL ICD loader libOpenCL-absent-here.so.1, and kilnet's cache " \
+           "records none" in r.stderr and "KILNET_OPENCL_LIBRARY" in r.stderr, r.stderr
+
+
 def _write_batches(doc, folder, batches):
     with open(folder / "in.bin", "wb") as fi, open(folder / "tg.bin", "wb") as ft:
         for x, t in batches:

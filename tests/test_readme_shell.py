@@ -260,10 +260,12 @@ def deploy_line(cmd, ws):
 
 
 def runner_env():
-    """The loader tests/c_runner.py picks; the drivers are found as the README says (kilnet's
-    cache folder), so OCL_ICD_VENDORS is not set."""
+    """Nothing of the loader or drivers named, as the README prints the commands: the runner
+    opens the system's libOpenCL.so.1, else the loader kilnet recorded (pyopencl's), and finds
+    the drivers through kilnet's cache folder, so neither KILNET_OPENCL_LIBRARY nor
+    OCL_ICD_VENDORS is set."""
     env = c_runner.environment({})
-    return {k: v for k, v in env.items() if k != "OCL_ICD_VENDORS"}
+    return {k: v for k, v in env.items() if k not in ("OCL_ICD_VENDORS", "KILNET_OPENCL_LIBRARY")}
 
 
 QUICK = "--steps 1 --warmup 0"

@@ -12,10 +12,16 @@ Python sees the same implementations.
 
 PoCL from PyPI needs none of this: pyopencl's wheel carries a loader that also reads the .icd
 files beside itself, where `pocl-binary-distribution` puts PoCL's.
+
+The C runner (runner/kilnet_run.c) needs a loader too, and a machine with only pip's OpenCL has
+no system libOpenCL.so.1: `import kilnet` writes the path of pyopencl's loader to
+<cache>/opencl-loader (``record_loader``), which the runner opens where the system has none.
 """
 import ctypes
+import glob
 import hashlib
 import importlib.metadata as metadata
+import importlib.util
 import os
 import tempfile
 
@@ -88,13 +94,54 @@ def _write_vendors(entries, root):
     return folder
 
 
+LOADER_RECORD = "opencl-loader"
+
+
+def pyopencl_loader():
+    """The ICD loader pyopencl's wheel carries (pyopencl/.libs/libOpenCL*.so*), found without
+    importing pyopencl, or None."""
+    try:
+        spec = importlib.util.find_spec("pyopencl")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    found = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), ".libs",
+                                          "libOpenCL*.so*")))
+    return found[0] if found else None
+
+
+def record_loader(cache_root):
+    """Write pyopencl's loader's path to <cache_root>/opencl-loader (where it changed) for the
+    C runner; returns the path recorded, or None. Never fails the caller."""
+    lib = pyopencl_loader()
+    if lib is None:
+        return None
+    path = os.path.join(cache_root, LOADER_RECORD)
+    if _read(path) == lib:
+        return lib
+    tmp = None
+    try:
+        os.makedirs(cache_root, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache_root, prefix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(lib + "\n")
+        os.replace(tmp, path)          # whole or not at all
+    except OSError:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        return None
+    return lib
+
+
 def register(cache_root):
     """Make Intel's CPU runtime visible to the ICD loader, once per process; returns what was done
     (also kept for `kilnet devices`): {"intel": path or None, "vendors": folder or None,
-    "error": why not, or None}."""
+    "error": why not, or None, "loader": pyopencl's loader as recorded for the runner}."""
     if _state:
         return _state
-    _state.update(intel=intel_library(), vendors=None, error=None)
+    _state.update(intel=intel_library(), vendors=None, error=None,
+                  loader=record_loader(cache_root))
     lib = _state["intel"]
     if lib is None:
         return _state
