@@ -109,7 +109,8 @@ def one(index, seed, device, plant=None, dtype="float64"):
             out = m.forward(f)
             for k in want:
                 against_reference(f"{name} forward {k}", out[k], want[k])
-            against_reference(f"{name} first loss", m.evaluate(f, t), ref.ref_loss(g, start, f, t))
+            against_reference(f"{name} first loss", m.evaluate(f, t), ref.ref_loss(g, start, f, t,
+                                                                                  at={"seed": abs(index), "step": 1}))
             r = [("loss", m.train_step(*batches[i])) for i in range(3)]
             grads = m.gradients(*batches[3])
             r += [(f"gradient {k}", v) for k, v in grads.items()]

@@ -60,6 +60,9 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
         raise CompileError(f"overlap must be False, True or a bucket size in bytes > 0, got "
                            f"{overlap!r}")
     distributed.abort_on_uncaught_exception(comm)
+    # Every rank takes rank 0's seed: its parameters (broadcast below) and its dropout masks,
+    # so that N ranks of batch B draw what one process of batch N·B draws.
+    seed = comm.bcast(seed, root=0)
     local = distributed.local_rank(comm)
     plan = dev = None
     limit = distributed.DEFAULT_TIMEOUT_S
@@ -70,7 +73,7 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
         plan, dev = _plan(graph, batch, optimizer, loss, dtype, device=dev, settings=settings,
                           input_grads=input_grads, debug_buffers=debug_buffers,
                           check_finite=check_finite, check_extents=check_extents, seed=seed,
-                          ranks=comm.Get_size())
+                          ranks=comm.Get_size(), rank=comm.Get_rank())
         mine = distributed.fingerprint(plan, overlap)
     except KilnetError as e:
         mine = e
@@ -79,7 +82,7 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
 
 
 def _plan(graph, batch, optimizer, loss, dtype, *, device, settings, input_grads, debug_buffers,
-          check_finite, check_extents, seed, ranks=1):
+          check_finite, check_extents, seed, ranks=1, rank=0):
     """Check the arguments, choose the device, lower: (plan, device). ``settings``: the
     KILNET_* variables as compile read them (kilnet/settings.py), recorded in the plan."""
     if not isinstance(graph, Graph):
@@ -104,7 +107,7 @@ def _plan(graph, batch, optimizer, loss, dtype, *, device, settings, input_grads
     dev = select_device(device, settings)
     plan = lower(graph, batch, optimizer, loss, dtype, input_grads=bool(input_grads),
                  debug_buffers=bool(debug_buffers), target=Target.of(dev, settings), ranks=ranks,
-                 settings=settings)
+                 settings=settings, seed=seed, rank=rank)
     return dataclasses.replace(plan, check_finite=bool(check_finite),
                                check_extents=bool(check_extents)), dev
 

@@ -268,9 +268,13 @@ def evaluate(model, data):
         part = order[at:at + RUN_STEPS]
         arrays = data._arrays
         # a training plan's gather also sets the optimizer's scalars: to those of the next step
-        table = np.array([model._scalars(model.step + 1)]) if model.plan.resident.train else None
+        # (one row per step of the part: the gather reads the row of the finite steps so far)
+        table = np.array([model._scalars(model.step + 1)] * len(part)) \
+            if model.plan.resident.train else None
         with model._exec.lock:
             arrays.begin(part, table)
+            if table is None:
+                model._write_step()          # a plan without an optimizer: the host writes it
             try:
                 if _checked(model):
                     for _ in range(len(part)):

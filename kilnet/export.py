@@ -39,9 +39,10 @@ from .inspect import _fmt_bytes, _table
 from .policy import names
 from .policy.dtypes import CTYPE
 from .policy.target import Target, vector_bytes_of
+from .runtime import abi
 
 FORMAT = "kilnet-bundle"
-VERSION = 2
+VERSION = 3             # 3: the step scalars hold t as two halves (runtime/abi.STEP_SCALARS); by-value uint and real arguments
 TARGETS = ("cpu", "gpu")
 DTYPES = {"float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
 MAX_KERNEL_NAME = 127          # MQL5's CLKernelCreate refuses longer names
@@ -136,7 +137,8 @@ def _region(plan, buf, shape=None):
 def _scalars(plan, model):
     opt = plan.optimizer
     b = plan.buffers[names.SCALARS]
-    values = {"adam": ["lr", "1 - b1**t", "1 - b2**t", "0"], "sgd": ["lr", "0", "0", "0"]}[opt.kind]
+    values = {"adam": ["lr", "1 - b1**t", "1 - b2**t"], "sgd": ["lr", "0", "0"]}[opt.kind] + \
+        ["0", "t % 65536", "t // 65536"]         # runtime/abi.STEP_SCALARS
     return {"arena": b.role, "offset": b.offset, "count": b.size, "optimizer": opt.kind,
             "config": opt.config(), "step": model.step, "values": values,
             "rule": "before each train step write these values, computed in float64 and rounded "
@@ -163,7 +165,7 @@ def build(model, target=None, train=False):
     loss = [_region(plan, b) for b in plan.losses] if train else []
     scalars = _scalars(plan, model) if train else None
 
-    roles = {a.role for la in launches for a in la.args}
+    roles = {a.role for la in launches for a in la.buffer_args}
     roles |= {r["arena"] for r in inputs + outputs + targets + loss}
     arenas = [role for role in plan.arenas if role in roles and plan.arenas[role]]
     stored = [r for r in arenas if r in STORED and (train or not r.startswith("moment"))]
@@ -182,13 +184,6 @@ def build(model, target=None, train=False):
     files = {f"{r}.bin": data[r].tobytes() for r in stored}
     files["kernels.cl"] = text.encode()
 
-    def args(a):
-        """The two slots of a buffer argument (plan.Arg), as plan.json has them."""
-        return [{"slot": a.slot, "name": a.pointer_name, "kind": "arena", "arena": a.role,
-                 "buffer": a.buffer, "access": a.access, "extent": int(a.extent)},
-                {"slot": a.slot + 1, "name": a.offset_name, "kind": "scalar", "type": "uint",
-                 "value": int(a.offset), "buffer": a.buffer}]
-
     index = {i: n for n, i in enumerate(used)}
     doc = {
         "format": FORMAT, "version": VERSION, "model": plan.graph.name,
@@ -205,7 +200,7 @@ def build(model, target=None, train=False):
         "launches": [{"index": index[i], "name": la.name, "phase": la.phase,
                       "kernel": rename[la.kernel], "global_size": list(la.global_size),
                       "local_size": list(la.local_size) if la.local_size else None,
-                      "args": [s for a in la.args for s in args(a)]}
+                      "args": [s for a in la.args for s in abi.to_json(a)]}
                      for i, la in zip(used, launches)],
         "calls": {c: [index[i] for i in seq] for c, seq in calls.items()},
         "inputs": inputs, "outputs": outputs, "targets": targets,
@@ -228,6 +223,10 @@ def seal(text):
     it. It finds accidental damage (a bit flipped, a line edited, the file cut short), not a
     forger, who can seal again."""
     return f"{text}seal {hashlib.sha256(text.encode()).hexdigest()}\n"
+
+
+def _refuse(message):
+    raise ValueError(message)
 
 
 def plan_text(doc, plan_json):
@@ -254,9 +253,7 @@ def plan_text(doc, plan_json):
         out.append(f"launch {kernel[la['kernel']]} {len(la['global_size'])} "
                    f"{' '.join(map(str, g))} {' '.join(map(str, loc))} {len(la['args'])} "
                    f"{la['name']}")
-        for a in la["args"]:
-            out.append(f"arg {a['slot']} arena {arena[a['arena']]} {a['access']} {a['extent']}"
-                       if a["kind"] == "arena" else f"arg {a['slot']} uint {a['value']}")
+        out += [abi.runner_line(a, arena) for a in la["args"]]
     for kind, key in (("input", "inputs"), ("target", "targets"), ("output", "outputs")):
         out.append(f"{kind}s {len(doc[key])}")
         out += [f"{kind} {arena[r['arena']]} {r['offset']} {r['count']} {r['name']}"
@@ -423,20 +420,7 @@ def _check(doc):
         if la["kernel"] not in kernels:
             raise ValueError(f"{where}: unknown kernel {la['kernel']!r}")
         check_sizes(where, la["global_size"], la["local_size"])
-        slots = {a["slot"]: a for a in la["args"]}
-        if sorted(slots) != list(range(len(la["args"]))):
-            raise ValueError(f"{where}: argument slots {sorted(slots)} are not 0..{len(la['args']) - 1}")
-        for a in la["args"]:
-            if a["kind"] == "scalar":
-                if not (a["type"] == "uint" and 0 <= a["value"] < 2 ** 32):
-                    raise ValueError(f"{where} slot {a['slot']}: {a}")
-                continue
-            if a["kind"] != "arena" or a["access"] not in ACCESS:
-                raise ValueError(f"{where} slot {a['slot']}: {a}")
-            off = slots.get(a["slot"] + 1)
-            if off is None or off["kind"] != "scalar":
-                raise ValueError(f"{where} slot {a['slot']}: an arena argument is followed by its "
-                                 f"uint offset")
+        for a, off in abi.check_slots(where, la["args"], ACCESS, _refuse):
             inside(f"{where} slot {a['slot']} (offset {off['value']}, extent {a['extent']})",
                    a["arena"], off["value"], a["extent"])
     for key in ("inputs", "outputs", "targets"):
@@ -494,9 +478,7 @@ def kernel_table(doc):
     out = [lines[0]]
     for la, row in zip(doc["launches"], lines[1:]):
         out.append(row)
-        out.append("    args: " + ", ".join(
-            f"{a['slot']}:{a['name']}={a['buffer'] if a['kind'] == 'arena' else a['value']}"
-            for a in la["args"]))
+        out.append("    args: " + abi.describe(la["args"]))
     return "\n".join(out)
 
 

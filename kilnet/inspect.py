@@ -90,4 +90,5 @@ def arg_list(launch):
     """``0:inp_arena=dense_1 (in), 1:inp_off=0, …``: each slot, the buffer a pointer points
     into and how the kernel uses it, or an offset's value."""
     return ", ".join(f"{a.slot}:{a.pointer_name}={a.buffer} ({a.access}), "
-                     f"{a.slot + 1}:{a.offset_name}={a.offset}" for a in launch.args)
+                     f"{a.slot + 1}:{a.offset_name}={a.element_offset}" if a.kind == "arena"
+                     else f"{a.slot}:{a.name}={a.value} ({a.source})" for a in launch.args)

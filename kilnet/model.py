@@ -11,6 +11,7 @@ from .feeds import as_array, check_feeds, check_targets
 from .inspect import summary as summary_of
 from .ops import get_op
 from .policy import names
+from .runtime import abi
 from .runtime import distributed
 from .runtime.executor import Executor
 from .settings import read as read_settings
@@ -85,7 +86,7 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays)
-            self._exec.write(names.SCALARS, self._scalars(self.step + 1))
+            self._write_step()
             if self._dist is not None:
                 loss, bad = self._exchange(self._grad)
                 if not bad:
@@ -126,6 +127,7 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays)
+            self._write_step()
             out = Gradients()
             if self._dist is not None:
                 # The mean over ranks, as one process with the whole batch would have it; input
@@ -173,6 +175,7 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays)
+            self._write_step()
             self._run(self._eval)
             if self._dist is not None:         # the mean over ranks: the whole batch's loss
                 return float(self._dist.allreduce_sum([self._loss()])[0]) / self.ranks
@@ -253,6 +256,7 @@ class Model:
         found = []
         with self._exec.lock:
             self._upload(arrays, tarrays)
+            self._write_step()
             seq = self.steps["evaluate"]
             self._launch(seq, after=diagnose.watch(self.plan, self.graph, seq, self._exec.read,
                                                    found.append))
@@ -306,9 +310,17 @@ class Model:
             return float(sum(a.astype(np.float64).sum() for a, _ in parts))
         return total
 
+    def _write_step(self):
+        """Write the scalar buffer for the step about to run, number ``step + 1``: what the
+        optimizer and every kernel reading the step number (dropout) take. A replay or a run
+        that changes nothing (gradients, evaluate) writes the same as the step it stands for."""
+        if names.SCALARS in self.plan.buffers:
+            self._exec.write(names.SCALARS, self._scalars(self.step + 1))
+
     def _scalars(self, step):
-        """The optimizer's per-step values; the fourth scales the gradient (1/ranks)."""
-        return np.array(self.optimizer.scalars(step) + [1.0 / self.ranks])
+        """The values of the scalar buffer before step number ``step`` (runtime/abi.STEP_SCALARS:
+        the optimizer's, 1/ranks, which scales a summed gradient, and the step number)."""
+        return np.array(abi.step_scalars(self.optimizer, step, self.ranks))
 
     def summary(self):
         return summary_of(self)

@@ -40,6 +40,7 @@ import jinja2
 
 from . import export as bundle_mod
 from .errors import BundleError
+from .runtime import abi
 
 REFERENCE = {
     "CLContextCreate (CL_USE_ANY, CL_USE_GPU_DOUBLE_ONLY)":
@@ -137,6 +138,13 @@ def _per_sample(doc, key):
     return out
 
 
+ACCESS = ("in", "out", "inout")
+
+
+def _refuse(message):
+    raise BundleError(message)
+
+
 def _bounds(doc, arenas):
     """Every arena argument of every launch, for Init's checks: {k (launch index), launch, slot,
     arena (index), role, offset, extent, buffer}, its element offset being the uint argument at
@@ -145,18 +153,14 @@ def _bounds(doc, arenas):
     elements = {a["role"]: a["elements"] for a in doc["arenas"]}
     rows = []
     for k, la in enumerate(doc["launches"]):
-        by_slot = {a["slot"]: a for a in la["args"]}
         for a in la["args"]:
-            if a["kind"] != "arena":
-                continue
+            if a["kind"] == "arena" and "extent" not in a:
+                raise BundleError(f"mql5: launch {la['name']} slot {a['slot']} ({a['name']}) has "
+                                  f"no extent (bundle format {doc['version']}); the include "
+                                  f"checks every argument's extent at Init: export the bundle "
+                                  f"again with this kilnet")
+        for a, off in abi.check_slots(f"mql5: launch {la['name']}", la["args"], ACCESS, _refuse):
             where = f"mql5: launch {la['name']} slot {a['slot']} ({a['name']})"
-            if "extent" not in a:
-                raise BundleError(f"{where} has no extent (bundle format {doc['version']}); the "
-                                  f"include checks every argument's extent at Init: export the "
-                                  f"bundle again with this kilnet")
-            off = by_slot.get(a["slot"] + 1)
-            if off is None or off["kind"] != "scalar" or off.get("buffer") != a["buffer"]:
-                raise BundleError(f"{where}: slot {a['slot'] + 1} is not its element offset")
             extent, offset = a["extent"], off["value"]
             if a["arena"] not in arenas or not (0 <= offset and 0 <= extent and
                                                 offset + extent <= elements[a["arena"]]):

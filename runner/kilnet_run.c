@@ -258,7 +258,10 @@ static const char *open_opencl(char *why, size_t size) {
     return tried[i - 1];
 }
 
-#define FORMAT_VERSION 2
+#define FORMAT_VERSION 3
+/* The step scalars before each train step (kilnet/runtime/abi.py, STEP_SCALARS): lr, Adam's two
+   bias corrections, 1/ranks, and the step number t as t mod 2^16 and t div 2^16. */
+#define STEP_SCALARS 6
 #define NAME 256
 
 /* -- SHA-256 (FIPS 180-4), for the sums plan.txt records and the program cache ------------- */
@@ -314,7 +317,7 @@ static void sha256_hex(const void *data, size_t n, char out[65]) {
 }
 
 typedef struct { size_t elements; char file[NAME], role[NAME]; cl_mem mem; } Arena;
-typedef struct { int slot, is_arena; unsigned long value, extent; char access[8]; } Arg;
+typedef struct { int slot, is_arena, is_real; unsigned long value, extent; double real; char access[8]; } Arg;
 typedef struct { int kernel, dims, nargs; size_t g[3], l[3]; Arg *args; char name[NAME]; cl_kernel k; } Launch;
 typedef struct { int arena; size_t offset, count; char name[NAME]; } Region;
 typedef struct { char name[NAME]; int n; int *seq; } Call;
@@ -450,7 +453,7 @@ static void check_launch(Launch *L) {
     for (a = 0; a < L->nargs; a++) {
         Arg *A = &L->args[a], *off = NULL;
         if (!A->is_arena) continue;
-        for (b = 0; b < L->nargs; b++) if (L->args[b].slot == A->slot + 1 && !L->args[b].is_arena) off = &L->args[b];
+        for (b = 0; b < L->nargs; b++) if (L->args[b].slot == A->slot + 1 && !L->args[b].is_arena && !L->args[b].is_real) off = &L->args[b];
         if (!off) die("bundle %s: plan.txt: launch %s: the arena argument in slot %d has no uint offset "
                       "in slot %d", bundle, L->name, A->slot, A->slot + 1);
         {
@@ -527,6 +530,9 @@ static void load_plan(void) {
                 A->extent = num("extent", 0xFFFFFFFFul);
             } else if (!strcmp(tok, "uint")) {
                 A->value = num("uint argument", 0xFFFFFFFFul);
+            } else if (!strcmp(tok, "real")) {     /* a by-value real, in the bundle's dtype */
+                char *end; next(); A->is_real = 1; A->real = strtod(tok, &end);
+                if (*end || end == tok) die("bundle %s: plan.txt: launch %s slot %d: bad real '%.60s'", bundle, L->name, A->slot, tok);
             } else die("bundle %s: plan.txt: launch %s: unknown argument kind '%.60s'", bundle, L->name, tok);
         }
         check_launch(L);
@@ -554,7 +560,7 @@ static void load_plan(void) {
     }
     scal_offset = num("scalars offset", 0xFFFFFFFFul); name(opt);
     lr = real("lr"); b1 = real("b1"); b2 = real("b2"); step0 = num("step", 0xFFFFFFFFul);
-    if (scal_arena >= 0) inside("step scalars", opt, scal_arena, scal_offset, 4);
+    if (scal_arena >= 0) inside("step scalars", opt, scal_arena, scal_offset, STEP_SCALARS);
     if (scal_arena >= 0 && strcmp(opt, "adam") && strcmp(opt, "sgd"))
         die("bundle %s: plan.txt: unknown optimizer '%s'", bundle, opt);
     for (ncalls = 0; strcmp(next(), "files"); ncalls++) {
@@ -800,7 +806,10 @@ int main(int argc, char **argv) {
         L->k = clCreateKernel(prog, kernels[L->kernel], &err); CHECK(err, "no kernel %s in %s", kernels[L->kernel], source);
         for (a = 0; a < L->nargs; a++) {
             Arg *g = &L->args[a]; cl_uint v = (cl_uint)g->value;
+            float f = (float)g->real;
             if (g->is_arena) CHECK(clSetKernelArg(L->k, g->slot, sizeof(cl_mem), &arenas[g->value].mem), "launch %s: slot %d", L->name, g->slot);
+            else if (g->is_real && item == 4) CHECK(clSetKernelArg(L->k, g->slot, sizeof f, &f), "launch %s: slot %d", L->name, g->slot);
+            else if (g->is_real) CHECK(clSetKernelArg(L->k, g->slot, sizeof g->real, &g->real), "launch %s: slot %d", L->name, g->slot);
             else CHECK(clSetKernelArg(L->k, g->slot, sizeof v, &v), "launch %s: slot %d", L->name, g->slot);
         }
     }
@@ -819,12 +828,15 @@ int main(int argc, char **argv) {
         if (stat(pos[4], &st) || !S_ISDIR(st.st_mode)) die("OUTDIR %s is not a folder (make it first)", pos[4]);
         losses = xcalloc(k, 32);
         for (s = 0; s < k; s++) {
-            double v[4] = {lr, 0, 0, 0}, sum = 0; float f[4]; char buf[32]; Region r; size_t e;
+            double v[STEP_SCALARS] = {lr, 0, 0, 0, 0, 0}, sum = 0; float f[STEP_SCALARS]; char buf[8 * STEP_SCALARS];
+            Region r; size_t e;
             unsigned long next = t + 1;   /* taken only if the loss is finite, as in Python */
+            if (next >= 4294967296.0) die("step %lu: the step counter holds steps below 2^32", next);
             if (!strcmp(opt, "adam")) { v[1] = 1.0 - pow(b1, (double)next); v[2] = 1.0 - pow(b2, (double)next); }
-            for (i = 0; i < 4; i++) f[i] = (float)v[i];
-            r.arena = scal_arena; r.offset = scal_offset; r.count = 4; strcpy(r.name, "step scalars");
-            memcpy(buf, item == 4 ? (void *)f : (void *)v, 4 * item); transfer(&r, buf, 1);
+            v[4] = (double)(next % 65536); v[5] = (double)(next / 65536);
+            for (i = 0; i < STEP_SCALARS; i++) f[i] = (float)v[i];
+            r.arena = scal_arena; r.offset = scal_offset; r.count = STEP_SCALARS; strcpy(r.name, "step scalars");
+            memcpy(buf, item == 4 ? (void *)f : (void *)v, STEP_SCALARS * item); transfer(&r, buf, 1);
             upload(in + s * io_bytes(0), 0); upload(tg + s * io_bytes(1), 1);
             run_call("train_step");
             for (i = 0; i < nloss; i++) {

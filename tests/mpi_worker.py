@@ -28,12 +28,14 @@ rank, N = comm.Get_rank(), comm.Get_size()
 B, STEPS = 4, 4
 
 
-def graph(width=7, bn=None):
+def graph(width=7, bn=None, drop=None):
     g = kn.Graph("dp")
     x = g.input("x", (5,))
     h = kn.dense(x, width, activation="tanh")
     if bn is not None:
         h = kn.batchnorm(h, sync=bn, activation="relu")
+    if drop is not None:            # masks by global sample: rank r's are samples r·B + s
+        h = kn.dropout(h, drop)
     h = kn.dense(h, 6, activation="gelu")
     g.output("y", kn.dense(h, 3))
     return g
@@ -67,11 +69,13 @@ def equivalence(out):
     batches = data(STEPS + 2)
     cases = [("sgd", lambda: kn.SGD(0.1, momentum=0.9), None, False),
              ("adam_overlap", lambda: kn.Adam(0.01), None, 256),
-             ("adam_syncbn", lambda: kn.Adam(0.01), True, False)]
+             ("adam_syncbn", lambda: kn.Adam(0.01), True, False),
+             ("adam_dropout", lambda: kn.Adam(0.01), None, False)]
     for name, opt, bn, overlap in cases:
-        # seed=rank: parameters must still start from rank 0's (broadcast at compile).
-        model = kn.compile(graph(bn=bn), batch=B, optimizer=opt(), loss="mse", dtype="float64",
-                           seed=rank, comm=comm, overlap=overlap)
+        drop = 0.4 if name == "adam_dropout" else None
+        # seed=rank: parameters and dropout masks must still follow rank 0's seed.
+        model = kn.compile(graph(bn=bn, drop=drop), batch=B, optimizer=opt(), loss="mse",
+                           dtype="float64", seed=rank, comm=comm, overlap=overlap)
         if name == "sgd":
             history = kn.fit(model, batches[:STEPS], epochs=1, progress=True)
             losses, samples = history.losses, history.samples
@@ -83,7 +87,7 @@ def equivalence(out):
                # the gradient exchange's host copy and its persistent all-reduce requests
                "staging": model._dist.staging, "persistent": model._dist.requests is not None}
         if rank == 0:
-            ref = kn.compile(graph(bn=bn), batch=N * B, optimizer=opt(), loss="mse",
+            ref = kn.compile(graph(bn=bn, drop=drop), batch=N * B, optimizer=opt(), loss="mse",
                              dtype="float64", seed=0)
             ref_losses = [ref.train_step(*item) for item in batches[:STEPS]]
             rec["ref_losses"] = ref_losses

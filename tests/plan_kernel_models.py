@@ -58,5 +58,18 @@ def wide_loss():
     return g, {"y": "mse"}, kn.Adam(lr=1e-2), feeds, targets
 
 
+def drop_like():
+    """Dropout: its kernels take by-value arguments (seed, node key, rank) and read the step
+    number from the scalar buffer (runtime/abi.py)."""
+    g = kn.Graph("drop_like")
+    x = g.input("x", (9,))
+    h = kn.dropout(kn.dense(x, 13, activation="relu"), 0.3)
+    g.output("y", kn.dense(h, 4))
+    rng = np.random.default_rng(6)
+    feeds = lambda n: {"x": rng.standard_normal((n, 9))}
+    targets = lambda n: {"y": rng.standard_normal((n, 4))}
+    return g, {"y": "mse"}, kn.Adam(lr=1e-2), feeds, targets
+
+
 MODELS = {"qnet_like": qnet_like, "gte_like": gte_like, "series_like": series_like,
-          "wide_loss": wide_loss}
+          "wide_loss": wide_loss, "drop_like": drop_like}

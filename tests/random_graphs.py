@@ -18,7 +18,7 @@ WINDOWS = [[1], [3], [2, 3], [1, 3, 5]]          # multi_window_conv
 ACTS = [None] + sorted(kn.ACTIVATIONS)
 OPS = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "concat", "add_norm",
        "reshape", "multi_window_conv", "graph_conv", "graph_attention", "batchnorm_stream",
-       "gte_block"]
+       "gte_block", "dropout"]
 
 
 class Choices:
@@ -89,6 +89,8 @@ def build(c, max_ops=5, second_input=True):
                           step=c.integer(1, 3), activation=c.pick(ACTS))
         elif op == "activation":
             y = kn.activation(x, c.pick(ACTS[1:]))
+        elif op == "dropout":
+            y = kn.dropout(x, c.pick([0.0, 0.3, 0.5]))
         elif op == "batchnorm":
             y = kn.batchnorm(x, activation=c.pick(ACTS), per=c.pick(["element", "channel"]))
         elif op == "softmax":

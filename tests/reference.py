@@ -221,6 +221,58 @@ def time_encoding(x, times, weight, bias, periods, freqs):
 
 # -- the interpreter's table: op name -> the reference of one node ---------------------------
 
+# -- dropout: Philox4x32-10 and the mask kilnet's kernels draw (kilnet/ops/dropout.py) ---------
+
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+MASK32 = 0xFFFFFFFF
+
+
+def philox4x32_10(ctr, key):
+    """Philox4x32-10 of counters ``ctr`` (4, ...) and keys ``key`` (2, ...), uint arrays that
+    broadcast: the four output words, as Random123's philox4x32_R(10, ...)."""
+    c = [np.asarray(v, np.uint64) for v in ctr]
+    k = [np.asarray(v, np.uint64) for v in key]
+    for r in range(10):
+        if r:
+            k = [(k[0] + PHILOX_W[0]) & MASK32, (k[1] + PHILOX_W[1]) & MASK32]
+        p0, p1 = PHILOX_M[0] * c[0], PHILOX_M[1] * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & MASK32, (p0 >> 32) ^ c[3] ^ k[1], p0 & MASK32]
+    return [v.astype(np.uint64) for v in c]
+
+
+def node_key(name):
+    import hashlib
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+
+
+def dropout_keep(p, n, samples, seed, node, step, first_sample=0):
+    """(samples, n) bool: which elements dropout node ``node`` keeps in training step ``step``
+    for global samples first_sample.. (DESIGN: a pure function of seed, node, t, s, e)."""
+    e = np.arange(n)
+    s = np.arange(first_sample, first_sample + samples)[:, None]
+    words = philox4x32_10((e // 4, s, step, seed >> 32 & MASK32), (seed & MASK32, node_key(node)))
+    word = np.choose(e % 4, [np.broadcast_to(w, (samples, n)) for w in words])
+    return word >= min(round(p * 2 ** 32), 2 ** 32 - 1)
+
+
+def dropout(x, p, keep):
+    return f64(x) * keep.reshape(x.shape) / (1.0 - p) if p else f64(x)
+
+
+# Where the interpreter's training-mode dropout draws: the compile seed, the step number (a fresh
+# model's first step is 1) and the first global sample of the batch (rank * batch).
+AT = {"seed": 0, "step": 1, "first_sample": 0}
+
+
+def _dropout(node, xs, P, training):
+    x, p = xs[0], node.attrs["p"]
+    if not training or p == 0:
+        return f64(x)
+    keep = dropout_keep(p, node.size, len(x), AT["seed"], node.name, AT["step"], AT["first_sample"])
+    return dropout(x, p, keep)
+
+
 def _batchnorm(node, xs, P, training):
     a, p = node.attrs, _params(node, P)
     if a.get("streaming") is not None:
@@ -279,13 +331,16 @@ OPS = {
     "time_encoding": _time_encoding,
     "graph_attention": _graph_attention,
     "graph_conv": lambda n, xs, P, t: graph_conv(xs[0], P, n.name),
+    "dropout": _dropout,
 }
 
 
-def interpret(graph, P, feeds, training):
+def interpret(graph, P, feeds, training, at=None):
     """Every output of ``graph``, batched, in float64, from the table of ops above (``OPS``, by
     op name). ``P`` maps parameter (and state) names to arrays; batch norm uses batch statistics
-    when ``training``."""
+    when ``training``; dropout draws the masks of ``at`` (updates AT: seed, step,
+    first_sample)."""
+    AT.update(at or {})
     vals = {}
     for node in graph.nodes:
         xs = [vals[i.name] for i in node.inputs]
@@ -300,9 +355,9 @@ def interpret(graph, P, feeds, training):
     return {k: vals[n.name] for k, n in graph.outputs.items()}
 
 
-def ref_loss(graph, P, feeds, T):
+def ref_loss(graph, P, feeds, T, at=None):
     """The training-mode mse loss of every output, summed."""
-    Y = interpret(graph, P, feeds, training=True)
+    Y = interpret(graph, P, feeds, training=True, at=at)
     return sum(mse(Y[k], T[k]) for k in graph.outputs)
 
 

@@ -199,7 +199,7 @@ def test_adam_step_count_and_bias_corrections_in_the_bundle(runner, run_env, tmp
         model.train_step({"x": rng.normal(size=(2, 5))}, {"y": rng.uniform(size=(2, 4))})
     bundle = model.export(tmp_path / "b", train=True)
     s = export.read(bundle)["step_scalars"]
-    assert (s["optimizer"], s["step"], s["values"]) == ("adam", 2, ["lr", "1 - b1**t", "1 - b2**t", "0"])
+    assert (s["optimizer"], s["step"], s["values"]) == ("adam", 2, ["lr", "1 - b1**t", "1 - b2**t", "0", "t % 65536", "t // 65536"])
     assert s["config"] == model.optimizer.config()
     check_against_python(model, bundle, runner, run_env, tmp_path, steps=3)
 
@@ -408,7 +408,7 @@ DAMAGES = {
                          "plan.json is damaged"),
     "missing plan.json": (lambda b: os.remove(os.path.join(b, "plan.json")), "plan.json is missing"),
     "missing plan.txt": (lambda b: os.remove(os.path.join(b, "plan.txt")), "plan.txt"),
-    "newer version": (_plan_line("kilnet-bundle", lambda ln: "kilnet-bundle 3"), "newer"),
+    "newer version": (_plan_line("kilnet-bundle", lambda ln: "kilnet-bundle 4"), "newer"),
     "older version": (_plan_line("kilnet-bundle", lambda ln: "kilnet-bundle 1"), "older"),
     "not a plan": (_edit("plan.txt", lambda d: b"hello\n" + d), "not a kilnet bundle plan"),
     "truncated plan": (_edit("plan.txt", lambda d: d[:len(d) // 2]), "does not end with its seal"),
@@ -687,8 +687,8 @@ def test_runner_refuses_bad_data_files_and_usage(tiny_bundle, runner, run_env, t
 
 
 @pytest.mark.parametrize("damage, message", [
-    (_edit("plan.json", lambda d: d.replace(b'"version": 2', b'"version": 3')), "format version 3"),
-    (_edit("plan.json", lambda d: d.replace(b'"version": 2', b'"version": 1')), "format version 1"),
+    (_edit("plan.json", lambda d: d.replace(b'"version": 3', b'"version": 4')), "format version 4"),
+    (_edit("plan.json", lambda d: d.replace(b'"version": 3', b'"version": 1')), "format version 1"),
     (_edit("plan.json", lambda d: d.replace(b'"extent": ', b'"extent": 9999999', 1)),
      "is outside arena"),
     (_edit("plan.json", lambda d: re.sub(rb'"global_size": \[\s*\d+', b'"global_size": [0', d, 1)),
@@ -871,7 +871,7 @@ def test_mql5_include_holds_the_plans_table(tmp_path):
     assert [tuple(map(int, r)) for r in reads] == [
         (arena[r["arena"]], r["offset"] * item, 0, r["count"]) for r in doc["outputs"]]
     s = doc["step_scalars"]
-    assert f"CLBufferWrite(m_mem[{arena[s['arena']]}],sc,{s['offset'] * item},0,4)" in step
+    assert f"CLBufferWrite(m_mem[{arena[s['arena']]}],sc,{s['offset'] * item},0,{len(s['values'])})" in step
     assert f"MathPow({s['config']['b1']!r},t)" in step and f"lr({s['config']['lr']!r})" in text
     losses = re.findall(r"CLBufferRead\(m_mem\[(\d+)\],part,(\d+),0,(\d+)\)", step)
     assert [tuple(map(int, r)) for r in losses] == [

@@ -2,7 +2,8 @@
 
 Valid graphs (tests/random_graphs.py): random op sequences over the core ops (dense, conv1d,
 activation, batchnorm, softmax, concat, add_norm, reshape) and the articles' ops
-(multi_window_conv, graph_conv, graph_attention, gte_block, streaming batchnorm) with random
+(multi_window_conv, graph_conv, graph_attention, gte_block, streaming batchnorm) and the library's
+(dropout, drawn at step 1 of the compile seed as the interpreter draws it) with random
 sizes (1, odd, prime), a second input, fan-out, dead branches, concat of a value with itself and
 of an input between computed parts, compiled in float64; the inference plan's forward and the training plan's
 loss and gradients must match an independent numpy float64 interpreter built on

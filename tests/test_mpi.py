@@ -39,7 +39,7 @@ def test_two_ranks_train_as_one_process_with_twice_the_batch(tmp_path):
     p, _ = run("equivalence", tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r0, r1 = reports("equivalence", tmp_path)
-    for case in ("sgd", "adam_overlap", "adam_syncbn"):
+    for case in ("sgd", "adam_overlap", "adam_syncbn", "adam_dropout"):
         a, b = r0[case], r1[case]
         # Losses (global: the mean over ranks) match one process of batch 2B, step by step.
         assert a["losses"] == pytest.approx(a["ref_losses"], rel=1e-12, abs=1e-14), case

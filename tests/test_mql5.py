@@ -306,7 +306,7 @@ def test_errors_say_what_failed_with_both_error_codes(bundles):
     own = set(re.findall(r"^   (?:bool|void|double|ulong|int|long) +~?(\w+)\(", text, re.M))
     called = set(re.findall(r"\b([A-Z][A-Za-z0-9]+)\(", code(text))) - own - {
         "CKilnetTwoIn", "ArrayResize", "ArrayInitialize", "ArraySize", "Print", "PrintFormat",
-        "FileClose", "FileSize", "MathPow", "IntegerToString"}
+        "FileClose", "FileSize", "MathPow", "MathMod", "MathFloor", "IntegerToString"}
     cited = set(re.findall(r"\b([A-Z][A-Za-z]+)\b", " ".join(mql5.REFERENCE)))
     assert called <= cited, called - cited
     for name in ("CLGetInfoInteger", "CLGetInfoString", "GetLastError", "ResetLastError",

@@ -73,9 +73,16 @@ def _streaming():
     return g, "mse"
 
 
+def _dropout():
+    g = kn.Graph("dropout")
+    x = g.input("x", (6,))
+    g.output("y", kn.dense(kn.dropout(kn.activation(x, "relu"), 0.5), 2))
+    return g, "mse"
+
+
 MODELS = {**{f"act_{k}": (lambda k=k: _act_model(k)) for k in ACTIVATIONS},
           "trader": _trader, "windows": _windows, "attention": _attention, "times": _times,
-          "streaming": _streaming}
+          "streaming": _streaming, "dropout": _dropout}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))

@@ -16,7 +16,8 @@ from ..kernels.losses import (ELEMENTWISE, check as check_loss, elementwise_loss
 from ..ops import get_op
 from ..policy import memory, names
 from ..policy.dtypes import CTYPE
-from ..policy.plan import Arg, HostStep, Launch, Plan
+from ..runtime import abi
+from ..policy.plan import Arg, HostStep, Launch, Plan, ScalarArg
 from ..policy.schedule import OUTER_UPDATE_ROWS
 from ..policy.target import GPU
 from . import persistent, render, resident
@@ -69,6 +70,12 @@ class Context:
 
     def scratch(self, key, size):
         return self._l.buffer(names.scratch(self.node.name, key), "scratch", size)
+
+    def step_scalars(self):
+        """The plan's scalar buffer (names.SCALARS; runtime/abi.STEP_SCALARS), which every run
+        of a training step, ``gradients`` and ``evaluate`` writes first: a kernel that reads the
+        step number takes it as an argument."""
+        return self._l.buffer(names.SCALARS, "scalar", len(abi.STEP_SCALARS))
 
     @property
     def dy(self):
@@ -125,9 +132,9 @@ class Context:
 
 class Lowering:
     def __init__(self, graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target,
-                 ranks=1):
+                 ranks=1, seed=0, rank=0):
         self.graph, self.batch, self.ctype, self.target = graph, batch, ctype, target
-        self.ranks = ranks
+        self.ranks, self.seed, self.rank = ranks, seed, rank
         self.collectives = []
         self.loss, self.optimizer = loss, optimizer
         self.input_grads, self.debug_buffers = input_grads, debug_buffers
@@ -205,15 +212,21 @@ class Lowering:
                 k = dataclasses.replace(k, args=k.args + [Use(names.STEP_OK)],
                                         names=k.names + ["step_ok"])
             kname = self.renderer.kernel_for(name, k.template, k.consts, k.names,
-                                         [u.access for u in k.args])
-            args = []
-            for i, (pname, use) in enumerate(zip(k.names, k.args)):
+                                             [abi.template_access(u) for u in k.args])
+
+            def buffer_arg(slot, pname, use):
                 b = self.buffers[use.buffer]
-                if use.extent is not None and use.extent > b.size and not use.across:
-                    raise AssertionError(f"{name}: argument {pname} may touch {use.extent} "
-                                         f"elements of {b.name}, which has {b.size}")
-                extent = b.size if use.extent is None else use.extent
-                args.append(Arg(2 * i, pname, b.name, b.role, use.access, extent))
+                extent = b.size - use.start if use.extent is None else use.extent
+                if use.start + extent > b.size and not use.across:
+                    raise AssertionError(f"{name}: argument {pname} may touch elements "
+                                         f"[{use.start}, {use.start + extent}) of {b.name}, "
+                                         f"which has {b.size}")
+                return Arg(slot, pname, b.name, b.role, use.access, extent, start=use.start)
+
+            def scalar_arg(slot, pname, s):
+                return ScalarArg(slot, pname, s.type, s.source,
+                                 abi.resolve(s, node_name, self.seed, self.rank))
+            args = abi.layout(k.names, k.args, buffer_arg, scalar_arg)
             self.launches.append(Launch(name, k_phase, kname, k.global_size, k.local_size, args,
                                         node_name))
 
@@ -321,7 +334,7 @@ class Lowering:
         """The launch that sets names.STEP_OK from the loss parts, ahead of every launch that
         changes the model's state (GUARDED phases), which then read it. Data-parallel plans leave
         it to the host, which knows every rank's loss (model.train_step)."""
-        self.buffer(names.SCALARS, "scalar", 4)       # first in its arena, as without a guard
+        self.buffer(names.SCALARS, "scalar", len(abi.STEP_SCALARS))       # first in its arena, as without a guard
         self.buffer(names.STEP_OK, "scalar", 1)
         self.guarded = True
         if self.ranks > 1:
@@ -368,7 +381,7 @@ class Lowering:
                 self.buffers[name] = self.buffers.pop(name)
 
     def optimizer_step(self):
-        self.buffer(names.SCALARS, "scalar", 4)
+        self.buffer(names.SCALARS, "scalar", len(abi.STEP_SCALARS))
         opt = self.optimizer
         # Across ranks the gradients arrive summed: the optimizer scales them by scal[3] = 1/ranks.
         scaled = self.ranks > 1
@@ -437,7 +450,7 @@ def _written_first(launches):
                 [la for la in launches if la.phase != "infer"]):
         seen = set()
         for launch in seq:
-            for a in launch.args:
+            for a in launch.buffer_args:
                 if a.buffer not in seen:
                     seen.add(a.buffer)
                     first[a.buffer] = first.get(a.buffer, True) and a.access == "out"
@@ -452,12 +465,14 @@ def _size(shape):
 
 
 def lower(graph, batch, optimizer=None, loss=None, dtype="float32", *, input_grads=False,
-          debug_buffers=False, target=GPU, ranks=1, settings=None):
+          debug_buffers=False, target=GPU, ranks=1, settings=None, seed=0, rank=0):
     """The plan of ``graph`` (its arguments in ``kn.compile``'s order, the options by name).
     The plan owns copies of the graph and the optimizer it was made from: passes record their decisions in the copy's nodes (``node.meta``), and later edits to
     the user's graph or optimizer object do not reach the plan (the copy refuses edits).
     ``settings``: the KILNET_* variables ``target`` was made under (kilnet/settings.py),
-    recorded in the plan for the runtime."""
+    recorded in the plan for the runtime. ``seed`` (the compile seed) and ``rank`` (this
+    process's, of ``ranks``) reach the kernels that take them as by-value arguments
+    (runtime/abi.py: dropout's generator)."""
     graph = graph.copy(owner=f"the plan compiled from graph {graph.name!r}")
     optimizer = copy.deepcopy(optimizer)
     if optimizer is not None:
@@ -465,7 +480,7 @@ def lower(graph, batch, optimizer=None, loss=None, dtype="float32", *, input_gra
     if settings is not None:
         render.use_cache(settings.cache)
     plan = _lower(graph, batch, dtype, loss or {}, optimizer, input_grads, debug_buffers, target,
-                  ranks)
+                  ranks, seed, rank)
     return dataclasses.replace(plan, settings=settings)
 
 
@@ -475,10 +490,11 @@ def relower(plan, target):
     tuning and exporting to another kernel form compile."""
     return lower(plan.graph, plan.batch, plan.optimizer, plan.loss, plan.dtype,
                  input_grads=plan.input_grads, target=target, ranks=plan.ranks,
-                 settings=plan.settings)
+                 settings=plan.settings, seed=plan.seed, rank=plan.rank)
 
 
-def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks):
+def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks, seed,
+           rank):
     ctype = CTYPE[dtype]
     dead = graph.dead()
     if dead:
@@ -487,7 +503,8 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                       f"{'it is' if len(dead) == 1 else 'they are'} not computed, and training "
                       f"leaves {'its' if len(dead) == 1 else 'their'} parameters and state as "
                       f"they are", DeadBranchWarning)
-    lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target, ranks)
+    lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target, ranks,
+                  seed, rank)
     lo.declare_params()
     lo.forward()
     if loss:
@@ -502,9 +519,9 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
         lo.optimizer_step()
         lo.arenas = memory.place(lo.buffers, live)
     for launch in lo.launches:
-        for a in launch.args:
+        for a in launch.buffer_args:
             a.offset = lo.buffers[a.buffer].offset
-            if a.offset + a.extent > lo.arenas[a.role]:
+            if a.element_offset + a.extent > lo.arenas[a.role]:
                 raise AssertionError(f"{launch.name}: argument {a.name} declares {a.extent} "
                                      f"elements from {a.buffer} (offset {a.offset}), past the "
                                      f"end of the "
@@ -534,6 +551,7 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                                                    graph.inputs.items()}, lo.targets,
                                       lo.loss_parts, batch, ctype, optimizer is not None, lanes)
     return Plan(graph=graph, batch=batch, dtype=dtype, loss=dict(loss), optimizer=optimizer,
+                seed=seed, rank=rank,
                 input_grads=input_grads, debug_buffers=debug_buffers,
                 buffers=lo.buffers, arenas=lo.arenas, sources=lo.renderer.sources, launches=lo.launches,
                 feeds={n: lo.value_buffer(v) for n, v in graph.inputs.items()},

@@ -34,6 +34,7 @@ benchmarks/results/nvidia-h200-plan-kernel-2026-11-30.txt: bit for bit over 50 s
 from dataclasses import dataclass, field
 
 from ..policy.vectors import pow2_at_least
+from ..runtime import abi
 from .render import macros
 
 NAME = "kl_plan"
@@ -102,8 +103,8 @@ def _virtual_local(glob, lanes):
 def _touches(launch):
     """(reads, writes) of ``launch``: the arena ranges (role, first, stop) it may touch."""
     reads, writes = [], []
-    for a in launch.args:
-        span = (a.role, a.offset, a.offset + a.extent)
+    for a in launch.buffer_args:
+        span = (a.role, a.element_offset, a.element_offset + a.extent)
         if a.access in ("in", "inout"):
             reads.append(span)
         if a.access in ("out", "inout"):
@@ -139,7 +140,7 @@ def build(launches, spec, header, target):
         if launch.kernel not in rendered:
             rendered[launch.kernel] = spec.member(launch.kernel)
     lanes = target.lanes       # every launch that needs a work-group was given this one
-    roles = sorted({a.role for launch in launches for a in launch.args})
+    roles = sorted({a.role for launch in launches for a in launch.buffer_args})
     pk = PlanKernel(NAME, lanes, roles)
     for launch in launches:
         glob, group = _dims(launch.global_size), rendered[launch.kernel][1]
@@ -279,7 +280,7 @@ def _source(pk, launches, rendered, header):
         for j, name in enumerate(stage):
             p, launch = pk.members[name], by_name[name]
             locs = rendered[p.kernel][2]
-            args = [s for a in launch.args for s in (f"kl_{a.role}", f"{a.offset}u")]
+            args = [s for a in launch.args for s in abi.call_values(a, f"kl_{getattr(a, 'role', '')}")]
             args += ["&id"] + [f"kl_lm.{p.kernel}.{n}" for _, n, _ in locs]
             active = "1" if p.exact else \
                 f"kl_l < {p.local[0] * p.local[1] * p.local[2]}u && " + \

@@ -78,7 +78,8 @@ def header(ctype):
 
 class KernelArg(str):
     """A kernel argument as templates see it: its name (``{{ a }}``) and its ``access``, which
-    ``c.signature`` turns into ``const`` for one the kernel only reads."""
+    ``c.signature`` turns into ``const`` for a buffer the kernel only reads; "uint" or "real"
+    for a by-value argument (runtime/abi.py)."""
 
     def __new__(cls, name, access):
         arg = super().__new__(cls, name)

@@ -5,6 +5,7 @@ the plan's launch sequences: a bundle or the plan kernel never sees them.
 """
 from ..policy import names
 from ..policy.plan import Arg, Launch, Resident
+from ..runtime import abi
 from .render import PLACEHOLDER, header, render
 
 GATHER, RECORD = "resident_gather", "resident_record"
@@ -27,7 +28,8 @@ def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train, lanes):
     def launch(name, template_args, consts, extra):
         names_ = [n for n, _, _ in template_args]
         access = [a for _, _, a in template_args]
-        body = render("resident", dict(consts, batch=batch), names_, access).replace(PLACEHOLDER, name)
+        body = render("resident", dict(consts, batch=batch, scalars=len(abi.STEP_SCALARS)), names_,
+                      access).replace(PLACEHOLDER, name)
         args = [Arg(2 * i, n, b, plan_buffers[b].role, a, plan_buffers[b].size,
                     plan_buffers[b].offset) for i, (n, b, a) in enumerate(template_args)]
         return body, extra, args

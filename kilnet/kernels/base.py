@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import GraphError, ShapeError
 from ..graph import OPS as _REGISTRY, get_op, op_kinds  # noqa: F401  (ops.get_op, ops.op_kinds)
 from ..policy import symbolic
+from ..runtime.abi import Scalar  # noqa: F401  (an op's by-value argument: kernels.base.Scalar)
 
 BUILDERS = {}              # public builder name -> function (kilnet.<name>), in registration order
 TEMPLATES = {}             # template name -> Jinja2 source that an op brings itself (Op.templates)
@@ -78,11 +79,13 @@ class Use:
     the buffer's start that the kernel may touch (None: the whole buffer). ``across``: the
     extent runs on past the buffer's end, over the buffers laid after it in its role's arena
     (the one optimizer launch that updates every parameter); the compiler then checks it against
-    the arena once buffers are placed."""
+    the arena once buffers are placed. ``start``: the range begins that many elements into the
+    buffer (a slice; the extent counts from there)."""
     buffer: str
     access: str = "in"
     extent: int = None
     across: bool = False
+    start: int = 0
 
 
 def out(buffer, accumulate=False, extent=None):
@@ -142,13 +145,16 @@ class Collective:
 
 def kernel(step, template, consts, buffers, global_size, local_size=None):
     """Shorthand: ``buffers`` maps the kernel's argument names to what each is: a plan buffer
-    name (read only), or a `Use` from ``out``/``inout`` for one the kernel writes. The
-    template's ``c.signature(args)`` declares the read-only ones ``const``, so a kernel that
-    writes a buffer declared as read only does not build."""
+    name (read only), a `Use` from ``out``/``inout`` for one the kernel writes, or a `Scalar`
+    passed by value (runtime/abi.py). The template's ``c.signature(args)`` declares the
+    read-only buffers ``const``, so a kernel that writes a buffer declared as read only does not
+    build."""
     names = list(buffers)
-    uses = [b if isinstance(b, Use) else Use(b) for b in (buffers[n] for n in names)]
+    uses = [b if isinstance(b, (Use, Scalar)) else Use(b) for b in (buffers[n] for n in names)]
     for n, u in zip(names, uses):
-        if not isinstance(u.buffer, str) or u.access not in ACCESS:
+        if isinstance(u, Scalar):
+            continue
+        if not isinstance(u.buffer, str) or u.access not in ACCESS or u.start < 0:
             raise AssertionError(f"kernel {step} ({template}): argument {n} is {u!r}")
     return Kernel(step, template, consts, uses, names,
                   tuple(global_size), tuple(local_size) if local_size else None)

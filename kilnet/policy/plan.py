@@ -1,36 +1,12 @@
 """The compiled plan: everything decided at compile time, as plain data a person can read."""
 from dataclasses import dataclass, field
 
+from ..runtime.abi import BufferArg, ScalarArg  # noqa: F401  (plan.ScalarArg)
 
-@dataclass
-class Arg:
-    """One buffer argument of a launch. The kernel takes it as two parameters, which
-    templates/common.cl.j2's ``signature`` writes as a pair: a pointer to the arena of ``role``
-    (``<name>_arena``, slot ``slot``) and the buffer's offset in it, in elements
-    (``<name>_off``, slot ``slot + 1``)."""
-    slot: int                   # the pointer's slot; the offset's is slot + 1
-    name: str                   # the kernel's name for the buffer (``{{ a }}`` in a template)
-    buffer: str                 # the plan buffer
-    role: str                   # its arena
-    access: str                 # "in" | "out" | "inout" (kernels.base.Use)
-    extent: int                 # elements from the buffer's start the kernel may touch
-    offset: int = None          # the buffer's offset in its arena, once buffers are placed
 
-    @property
-    def pointer_name(self):
-        return f"{self.name}_arena"
-
-    @property
-    def offset_name(self):
-        return f"{self.name}_off"
-
-    @property
-    def slots(self):
-        return self.slot, self.slot + 1
-
-    def __repr__(self):
-        return (f"{self.slot}:{self.pointer_name}={self.role}({self.access}), "
-                f"{self.slot + 1}:{self.offset_name}={self.offset}")
+# A launch's arguments are the launch ABI's records (runtime/abi.py): a buffer argument, ``Arg``,
+# takes two slots (arena pointer, element offset); a by-value ``ScalarArg`` one.
+Arg = BufferArg
 
 
 @dataclass
@@ -44,18 +20,23 @@ class Launch:
     node: str = None
 
     @property
+    def buffer_args(self):
+        """The buffer arguments (abi.BufferArg), in slot order; ``args`` also holds by-value ones."""
+        return [a for a in self.args if a.kind == "arena"]
+
+    @property
     def buffers(self):
-        return {a.name: a.buffer for a in self.args}
+        return {a.name: a.buffer for a in self.buffer_args}
 
     @property
     def reads(self):
         """Buffers whose contents before the launch it reads ("in" and "inout")."""
-        return [a.buffer for a in self.args if a.access in ("in", "inout")]
+        return [a.buffer for a in self.buffer_args if a.access in ("in", "inout")]
 
     @property
     def writes(self):
         """Buffers the launch writes ("out" and "inout")."""
-        return [a.buffer for a in self.args if a.access in ("out", "inout")]
+        return [a.buffer for a in self.buffer_args if a.access in ("out", "inout")]
 
     def __repr__(self):
         return (f"Launch({self.name}, kernel={self.kernel}, global={self.global_size}, "
@@ -133,6 +114,8 @@ class Plan:
     check_extents: bool = False  # run each launch confined to its declared ranges (extents.py)
     target: object = None       # the policy.target.Target the kernels were specialised for
     ranks: int = 1              # data-parallel ranks the plan was made for (batch is per rank)
+    seed: int = 0               # the compile seed (kernels may take it: runtime/abi.py)
+    rank: int = 0               # this process's rank of ``ranks``
     host_steps: list = field(default_factory=list)   # HostStep: collectives between launches
     # The plan kernel that runs launch sequences in one launch (compiler/persistent.py), or None
     # and why not.

@@ -237,6 +237,7 @@ def fingerprint(plan, overlap):
         "host_steps": _digest([(h.name, h.kind, plan.buffers[h.src].size)
                                for h in plan.host_steps]),
         "overlap": overlap,
+        "seed": plan.seed,
     }
     nodes = [f"{n['name']} {n['op']} {n['attrs']}" for n in graph["nodes"]]
     return {"hash": _digest(fields), "fields": fields, "nodes": nodes}

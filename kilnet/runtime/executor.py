@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import CompileError, MemoryCheckError
 from . import device as devmod
-from . import extents, submit
+from . import abi, extents, submit
 from .extents import SENTINEL
 from .plan_kernel import PlanKernelSubmit, groups_for, options as plan_kernel_options
 from .program import build, build_all, processes_for
@@ -97,11 +97,11 @@ class Executor:
         return out
 
     def bind(self, launch, k, name=None):
-        """Set ``launch``'s arena arguments of kernel ``k`` (pointer and offset of each Arg) and
-        register it for the submitters under ``name`` (default the launch's)."""
-        for a in launch.args:
-            k.set_arg(a.slot, self._mem(a.buffer))
-            k.set_arg(a.slot + 1, np.uint32(self._offset(a.buffer)))
+        """Set every argument of kernel ``k`` for ``launch`` (policy/abi.py: an arena pointer and
+        element offset per buffer argument, a value per by-value one) and register it for the
+        submitters under ``name`` (default the launch's)."""
+        abi.bind(k, launch.args, lambda a: self._mem(a.buffer),
+                 lambda a: self._offset(a.buffer) + a.start, self.np_dtype)
         self.bound[name or launch.name] = (k, launch.global_size, launch.local_size)
         return k
 

@@ -35,8 +35,8 @@ UNWRITTEN = {np.float32: np.uint32(0x7F8B5B5B), np.float64: np.uint64(0x7FF5B5B5
 def overlapping(launch, offset_of):
     """Pairs of pointer arguments of ``launch`` whose declared arena ranges overlap where one of
     them is written. ``offset_of(buffer)``: a buffer's offset in its arena."""
-    spans = [(a, a.role, offset_of(a.buffer), offset_of(a.buffer) + a.extent)
-             for a in launch.args]
+    spans = [(a, a.role, offset_of(a.buffer) + a.start, offset_of(a.buffer) + a.start + a.extent)
+             for a in launch.buffer_args]
     return [(a.name, b.name) for i, (a, ra, lo, hi) in enumerate(spans)
             for b, rb, lo2, hi2 in spans[i + 1:]
             if ra == rb and lo < hi2 and lo2 < hi and "out" in a.access + b.access]
@@ -54,13 +54,13 @@ def run(ex, launches):
                    for name in pair}
         k, glob, loc = ex.bound[launch.name]
         temps = []
-        for ptr in launch.args:
+        for ptr in launch.buffer_args:
             if ptr.name in aliased:
                 continue
             n = ptr.extent
             data = np.empty(n, dtype)
             cl.enqueue_copy(queue, data, ex._mem(ptr.buffer),
-                            src_offset=ex._offset(ptr.buffer) * ex.item, is_blocking=True)
+                            src_offset=(ex._offset(ptr.buffer) + ptr.start) * ex.item, is_blocking=True)
             host = np.full(n + 2 * guard, np.nan, dtype)
             host.view(sentinel.dtype)[:] = sentinel
             if ptr.access == "out":
@@ -85,12 +85,12 @@ def run(ex, launches):
             for (ptr, mem, host, data), after in zip(temps, results):
                 if ptr.access != "in":
                     cl.enqueue_copy(queue, ex._mem(ptr.buffer), after[guard:guard + ptr.extent],
-                                    dst_offset=ex._offset(ptr.buffer) * ex.item,
+                                    dst_offset=(ex._offset(ptr.buffer) + ptr.start) * ex.item,
                                     is_blocking=True)
         finally:
             for ptr, mem, host, data in temps:      # the launch's own arguments again
                 k.set_arg(ptr.slot, ex._mem(ptr.buffer))
-                k.set_arg(ptr.slot + 1, np.uint32(ex._offset(ptr.buffer)))
+                k.set_arg(ptr.slot + 1, np.uint32(ex._offset(ptr.buffer) + ptr.start))
 
 
 def _check(launch, ptr, guard, sentinel, unwritten, after, data):

@@ -8,6 +8,7 @@ import weakref
 
 import numpy as np
 
+from . import abi
 from .plan_kernel import Run
 
 _tags = itertools.count()
@@ -33,7 +34,7 @@ class DeviceArrays:
         buffers["counters"] = cl.Buffer(ex.ctx, flags.READ_WRITE, 16)
         buffers["history"] = cl.Buffer(ex.ctx, flags.READ_WRITE, capacity * res.width * item)
         if res.train:
-            buffers["table"] = cl.Buffer(ex.ctx, flags.READ_ONLY, capacity * 4 * item)
+            buffers["table"] = cl.Buffer(ex.ctx, flags.READ_ONLY, capacity * len(abi.STEP_SCALARS) * item)
         self.buffers = buffers
         program = ex.resident_program()
         tag = next(_tags)
@@ -41,7 +42,7 @@ class DeviceArrays:
         for launch, run in ((res.gather, self.gather), (res.record, self.record)):
             k = ex.bind(launch, cl.Kernel(program, launch.kernel), run.name)
             for j, name in enumerate(res.extra[launch.kernel]):
-                k.set_arg(2 * len(launch.args) + j, buffers[name])
+                k.set_arg(abi.width(launch.args) + j, buffers[name])
         weakref.finalize(self, ex.forget, (self.gather.name, self.record.name))
         ex.queue.finish()           # the arrays are on the device; the caller may change its own
 
@@ -51,7 +52,7 @@ class DeviceArrays:
 
     def begin(self, order, table=None):
         """Start a run of ``len(order)`` steps: ``order`` (steps, batch) sample indices, ``table``
-        (steps, 4) the optimizer's scalars of the run's 1st, 2nd, ... finite step."""
+        (steps, len(abi.STEP_SCALARS)) the scalars of the run's 1st, 2nd, ... finite step."""
         cl, ex = self.ex.cl, self.ex
         assert len(order) <= self.capacity
         order = np.ascontiguousarray(order, np.uint32)
