@@ -248,6 +248,7 @@ def test_inspect_shows_the_kernels(trained, tmp_path, capsys):
 
 # -- bad builds ---------------------------------------------------------------------------------
 
+@pytest.mark.filterwarnings("ignore::kilnet.DeadBranchWarning")
 def test_bad_builds_name_the_node():
     g = kn.Graph("bad")
     ids, x = g.input("ids", (4,)), g.input("x", (4, 2))
