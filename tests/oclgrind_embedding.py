@@ -5,14 +5,18 @@ Every buffer is its own allocation (debug_buffers) and rewritten buffers start a
 Covered: the forward (training and inference plans, a partial batch) and the table's gradient of
 two tables on one ids input, with and without input gradients, at batch 3 and 1; and ids that
 reach the device without Python's check (out of range, negative, NaN, infinite, huge), which
-must read nothing outside the table (what the C runner and the MQL5 include may feed it).
+must read nothing outside the table (what the C runner and the MQL5 include may feed it); and
+the plan kernel (one launch per call; GPU form) against separate launches over two training steps.
 """
+import os
 import sys
 
 import numpy as np
 
 import kilnet as kn
 from kernel_check import KERNELS, exercise, main
+from kilnet.compiler import persistent
+from kilnet.model import Model
 
 
 def build():
@@ -45,6 +49,29 @@ def run():
     y = m._exec.read(m.plan.outputs["y"])
     assert np.isfinite(y).all(), "non-finite output from bad ids"
     KERNELS.update(k.kernel + m.plan.sources[k.kernel] for k in m.kernels)
+    if os.environ["KILNET_TARGET"] == "gpu":        # the form NVIDIA runs it in
+        plan_kernel_agrees(feeds, targets)
+
+
+def plan_kernel_agrees(feeds, targets, steps=2):
+    """As tests/oclgrind_plan_kernel.py checks its models: every launch a phase of the plan
+    kernel, against the same plan's separate launches."""
+    os.environ["KILNET_PLAN_KERNEL"], waves = "1", persistent.APART_WAVES
+    persistent.APART_WAVES = 1 << 30
+    try:
+        one = kn.compile(build(), batch=3, optimizer=kn.Adam(lr=1e-2), loss="mse", seed=4)
+    finally:
+        del os.environ["KILNET_PLAN_KERNEL"]
+        persistent.APART_WAVES = waves
+    assert one.plan.plan_kernel is not None and one._exec.submit.name == "plan kernel"
+    two = Model(one.plan, one.device, seed=4)
+    two._exec.submit = two._exec.submit.inner
+    for _ in range(steps):
+        np.testing.assert_allclose(one.train_step(feeds, targets), two.train_step(feeds, targets),
+                                   rtol=2e-5)
+    for k in one.params:
+        np.testing.assert_allclose(one.params[k], two.params[k], rtol=2e-5, atol=2e-5, err_msg=k)
+    KERNELS.add(one.plan.plan_kernel.name + one.plan.sources[one.plan.plan_kernel.name])
 
 
 if __name__ == "__main__":
