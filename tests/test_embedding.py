@@ -231,9 +231,7 @@ def test_paths_agree_bit_for_bit(tmp_path):
 def test_onnx_after_training(trained, tmp_path):
     pytest.importorskip("onnxruntime")
     import onnx_check
-    rng = np.random.default_rng(7)
-    f = {k: v.astype(np.float32) for k, v in feeds(rng, 3).items()}
-    onnx_check.agrees(trained, tmp_path / "emb.onnx", feeds=f)
+    onnx_check.agrees(trained, tmp_path / "emb.onnx")     # its random_feeds draw ids in range
 
 
 def test_inspect_shows_the_kernels(trained, tmp_path, capsys):

@@ -17,7 +17,9 @@ reached the device without Python's check: the C runner, the MQL5 include) gives
 zeros and no gradient, and no access leaves the table. In float32 ids are exact up to 2^24,
 so vocab is limited to that there.
 
-ONNX (``onnx``): Cast the ids to int64, then Gather the table's rows (axis 0).
+ONNX (``onnx``): Cast the ids to int64 (truncation, as the kernels' (int)), then Gather the
+table's rows (axis 0); a bad id there is the runtime's error, or for a negative one a row from
+the end (Gather's convention), where the kernels give zeros.
 """
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, Param, int_attr, kernel, need, out, register
