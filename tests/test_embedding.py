@@ -44,19 +44,19 @@ def alone(U=7, V=5, W=3):
     return g
 
 
-@pytest.mark.parametrize("form", ["cpu", "gpu"])
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("form,batch", [("gpu", 1), ("cpu", 3)])
 def test_gradients(monkeypatch, form, batch):
     """check_gradients draws the ids in range (repeats: 9 positions of 3 ids, times the batch)
-    and checks every parameter and x, but no gradient of the ids (input_grads=True)."""
+    and checks every parameter and x, but no gradient of the ids (input_grads=True). With the
+    next test each kernel form runs at batch 1 and 3."""
     monkeypatch.setenv("KILNET_TARGET", form)
     check_gradients(two_tables(), {"y": "mse", "z": "mse"}, batch, two_tables_ref)
 
 
-@pytest.mark.parametrize("form", ["cpu", "gpu"])
-def test_gradients_of_a_table_straight_to_the_loss(monkeypatch, form):
+@pytest.mark.parametrize("form,batch", [("cpu", 1), ("gpu", 3)])
+def test_gradients_of_a_table_straight_to_the_loss(monkeypatch, form, batch):
     monkeypatch.setenv("KILNET_TARGET", form)
-    check_gradients(alone(), {"y": "huber"}, 3,
+    check_gradients(alone(), {"y": "huber"}, batch,
                     lambda P, f: {"y": ref.embedding(f["ids"], P["emb.weight"])}, seed=2)
 
 
