@@ -267,3 +267,10 @@ def test_bad_builds_name_the_node():
     with pytest.raises(kn.GraphError, match=r"big \(embedding\): vocab 16777217 is more ids "
                                             r"than float32 holds exactly"):
         kn.compile(g, batch=1)
+
+
+def test_kilnet_tune_draws_ids_in_range():
+    from kilnet import tune
+    m = kn.compile(alone(), batch=3, optimizer=kn.SGD(lr=0.05), loss="mse", seed=4)
+    rows = tune.tune(m, budget=0.3, write=False, only=["emb.*"]).rows
+    assert rows and rows[0].launches == ["emb.forward", "emb.backward_params"]
