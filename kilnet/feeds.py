@@ -4,6 +4,7 @@ and what it needs."""
 import numpy as np
 
 from .errors import FeedError
+from .graph import get_op
 
 
 def as_array(what, value, np_dtype):
@@ -61,7 +62,6 @@ def index_bounds(graph):
     """{input name: (bound, node name)} for the inputs that ops read as integer indices
     (``Op.index_inputs``: embedding's ids), each with the smallest bound any reader declares
     and that reader."""
-    from .ops import get_op
     bounds = {}
     for node in graph.nodes:
         if node.op == "input":
