@@ -25,7 +25,7 @@ from collections import deque
 import numpy as np
 
 from .errors import CompileError, FeedError, GraphError
-from .feeds import as_array
+from .feeds import as_array, check_ids, index_bounds
 from .runtime.resident import DeviceArrays
 
 # Steps one run holds on the device at once (its order, scalar table and losses); a longer
@@ -102,6 +102,7 @@ def upload(model, feeds, targets=None):
         raise FeedError(f"upload: targets must be a dict {{output name: array}} or None, got "
                         f"{type(targets).__name__}")
     np_dtype = model._exec.np_dtype
+    bounds = index_bounds(model.graph)
     named = [("input", n, feeds, node.shape) for n, node in model.graph.inputs.items()]
     if targets is not None:
         named += [("target", n, targets, model.graph.outputs[n].shape) for n in plan.targets]
@@ -121,6 +122,8 @@ def upload(model, feeds, targets=None):
         if a.ndim != len(shape) + 1 or tuple(a.shape[1:]) != tuple(shape) or a.shape[0] < 1:
             raise FeedError(f"upload: {kind} {name!r}: got shape {a.shape}, needs (n, "
                             f"{', '.join(map(str, shape))}) with n >= 1 samples")
+        if kind == "input":
+            check_ids(bounds, name, a, "upload: ")
         counts[f"{kind} {name!r}"] = a.shape[0]
         arrays.append(a)
     if len(set(counts.values())) > 1:

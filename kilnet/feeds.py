@@ -4,6 +4,7 @@ and what it needs."""
 import numpy as np
 
 from .errors import FeedError
+from .graph import get_op
 
 
 def as_array(what, value, np_dtype):
@@ -44,16 +45,50 @@ def check_feeds(graph, feeds, batch, np_dtype, partial=False):
         if k not in inputs:
             raise FeedError(f"feed {k!r} is not an input of graph {graph.name!r}; inputs: "
                             f"{sorted(inputs)}")
-    arrays, counts = {}, set()
+    arrays, counts, bounds = {}, set(), index_bounds(graph)
     for name, node in inputs.items():
         if name not in feeds:
             raise FeedError(f"input {name!r} is missing from the feeds (shape {node.shape})")
         n, arrays[name] = batch_array(f"input {name!r}", feeds[name], node.shape, batch, np_dtype,
                                       partial)
+        check_ids(bounds, name, arrays[name][:n])
         counts.add(n)
     if len(counts) > 1:
         raise FeedError(f"feeds disagree on the number of samples: {sorted(counts)}")
     return counts.pop(), arrays
+
+
+def index_bounds(graph):
+    """{input name: (bound, node name)} for the inputs that ops read as integer indices
+    (``Op.index_inputs``: embedding's ids), each with the smallest bound any reader declares
+    and that reader."""
+    bounds = {}
+    for node in graph.nodes:
+        if node.op == "input":
+            continue
+        for i, bound in get_op(node.op).index_inputs(node).items():
+            name = node.inputs[i].name
+            if name not in bounds or bound < bounds[name][0]:
+                bounds[name] = (bound, node.name)
+    return bounds
+
+
+def check_ids(bounds, name, arr, call=""):
+    """A FeedError (prefixed ``call``) naming the first sample and position of feed ``name``
+    (samples on the first axis of ``arr``) that holds a value other than an integer in
+    [0, bound), where an op reads ``name`` as indices (``bounds``: ``index_bounds``)."""
+    bound = bounds.get(name)
+    if bound is None:
+        return
+    bound, reader = bound
+    with np.errstate(invalid="ignore"):
+        bad = ~((arr >= 0) & (arr < bound) & (np.floor(arr) == arr))
+    if bad.any():
+        at = np.unravel_index(int(np.argmax(bad)), arr.shape)
+        position = at[1] if len(at) == 2 else tuple(int(a) for a in at[1:])
+        raise FeedError(f"{call}input {name!r} holds {int(bad.sum())} value(s) that are not an "
+                        f"integer id in [0, {bound}) (vocab of {reader}), the first at sample "
+                        f"{int(at[0])}, position {position}: {arr[at].item()!r}")
 
 
 def check_targets(graph, loss_outputs, targets, batch, np_dtype):

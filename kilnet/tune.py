@@ -28,6 +28,7 @@ import numpy as np
 
 from .compiler.lower import relower
 from .errors import CompileError
+from .feeds import index_bounds
 from .model import Model
 from .policy import names as bufnames
 from .policy import schedule as sched
@@ -296,6 +297,8 @@ class _Session:
         rng = np.random.default_rng(seed)
         g, batch = model.graph, model.batch
         self.feeds = {n: rng.standard_normal((batch,) + v.shape) for n, v in g.inputs.items()}
+        for n, (bound, _) in index_bounds(g).items():        # ids (embedding's): in range
+            self.feeds[n] = rng.integers(0, bound, self.feeds[n].shape).astype(np.float64)
         self.targets = {n: rng.random((batch,) + g.outputs[n].shape) for n in self.plan.loss}
         self.calls = [c for c in ("train_step", "gradients", "forward") if c in model.steps]
         self.tol = TOLERANCE[model.dtype]

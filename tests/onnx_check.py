@@ -4,17 +4,20 @@ is symbolic), to float32 rounding."""
 import numpy as np
 
 import kilnet as kn
+from kilnet.feeds import index_bounds
 
 
 def random_feeds(model, rng, batch=None):
-    """{input: array (batch, *shape)} of the model's dtype: normal values, and for an input
-    named like a timestamp (time_encoding's), increasing values."""
+    """{input: array (batch, *shape)} of the model's dtype: normal values, for an input
+    named like a timestamp (time_encoding's) increasing values, and for ids ids in range."""
     b = model.batch if batch is None else batch
-    feeds = {}
+    feeds, ids = {}, index_bounds(model.graph)
     for name, node in model.graph.inputs.items():
         x = rng.standard_normal((b,) + tuple(node.shape))
         if "time" in name:
             x = np.cumsum(np.abs(x), axis=-1) * 3600.0
+        if name in ids:             # an input read as integer ids (embedding's)
+            x = rng.integers(0, ids[name][0], x.shape)
         feeds[name] = x.astype(model.dtype)
     return feeds
 

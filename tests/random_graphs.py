@@ -18,7 +18,7 @@ WINDOWS = [[1], [3], [2, 3], [1, 3, 5]]          # multi_window_conv
 ACTS = [None] + sorted(kn.ACTIVATIONS)
 OPS = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "concat", "add_norm",
        "reshape", "multi_window_conv", "graph_conv", "graph_attention", "batchnorm_stream",
-       "gte_block", "dropout"]
+       "gte_block", "dropout", "embedding"]
 
 
 class Choices:
@@ -56,6 +56,7 @@ def build(c, max_ops=5, second_input=True):
     if second_input and c.boolean():
         values.append(g.input("y", shape[:-1] + (c.pick(SIZES),)))
     ops = OPS + (["batchnorm"] if batch > 1 else [])
+    ids = None
     for _ in range(c.integer(1, max_ops)):
         x = c.pick(values)
         op = c.pick(ops)
@@ -63,7 +64,10 @@ def build(c, max_ops=5, second_input=True):
                 len(x.shape) != 2:
             x = kn.reshape(x, (-1, c.pick(divisors(x.size))))     # (units, width)
             values.append(x)
-        if op == "multi_window_conv":
+        if op == "embedding":        # its ids: an input of their own, read by embeddings only
+            ids = ids or g.input("ids", (c.pick(SIZES),))
+            y = kn.embedding(ids, c.pick(SIZES), c.pick(SIZES))
+        elif op == "multi_window_conv":
             windows = c.pick([w for w in WINDOWS if max(w) <= x.shape[1]])
             y = kn.multi_window_conv(x, windows, c.pick(SIZES), step=c.integer(1, 2),
                                      activation=c.pick(ACTS))
@@ -125,7 +129,11 @@ def _learns(node):
 
 
 def feeds_for(graph, batch, rng):
-    return {k: rng.standard_normal((batch,) + n.shape) for k, n in graph.inputs.items()}
+    """Normal values; integer ids in [0, bound) for an input an op reads as indices."""
+    from kilnet.feeds import index_bounds
+    ids = index_bounds(graph)
+    return {k: rng.integers(0, ids[k][0], (batch,) + n.shape).astype(np.float64) if k in ids
+            else rng.standard_normal((batch,) + n.shape) for k, n in graph.inputs.items()}
 
 
 def targets_for(graph, batch, rng):

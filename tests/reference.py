@@ -335,6 +335,19 @@ OPS = {
 }
 
 
+
+def embedding(ids, weight):
+    """ids (B, U) -> (B, U, width): row (int)v of weight for each id v in [0, vocab), zeros for
+    any other value (what the device does with an id that skipped the feed check)."""
+    ids, weight = np.asarray(ids, np.float64), np.asarray(weight, np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = (ids >= 0) & (ids < len(weight))
+    return np.where(ok[..., None], weight[np.where(ok, ids, 0).astype(np.int64)], 0.0)
+
+
+OPS["embedding"] = lambda n, xs, P, t: embedding(xs[0], P[f"{n.name}.weight"])
+
+
 def interpret(graph, P, feeds, training, at=None):
     """Every output of ``graph``, batched, in float64, from the table of ops above (``OPS``, by
     op name). ``P`` maps parameter (and state) names to arrays; batch norm uses batch statistics

@@ -911,3 +911,43 @@ def test_runner_finds_the_drivers_kilnet_registered_as_the_readme_runs_it(tiny_b
     got = run(runner, env, bundle, "forward", data / "in.bin", tmp_path / "got.bin")
     assert got.returncode == 0, got.stderr
     assert (tmp_path / "got.bin").read_bytes() == (tmp_path / "want.bin").read_bytes()
+
+
+# -- the layer issues' ops in a bundle (issue 45) -------------------------------------------------
+
+def _embedding_model():
+    g = kn.Graph("emb_bundle")
+    ids, x = g.input("ids", (5,)), g.input("x", (5, 2))
+    g.output("y", kn.dense(kn.concat(kn.embedding(ids, 7, 3), x), 4, activation="tanh"))
+    return kn.compile(g, batch=3, optimizer=kn.Adam(lr=0.05), loss="mse", seed=2)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_runner_and_mql5_include_run_an_embedding_model(target, runner, run_env, tmp_path,
+                                                        monkeypatch):
+    """Integer ids in the bundle's data; the runner checks no ids, so a bad id reaches the
+    kernels, which give it a row of zeros, as the same kernels do from Python."""
+    def data(doc, key, rng, uniform=batch_data):
+        out = uniform(doc, key, rng)
+        if "ids" in out:
+            out["ids"] = rng.integers(0, 7, out["ids"].shape).astype(out["ids"].dtype)
+        return out
+    monkeypatch.setattr(sys.modules[__name__], "batch_data", data)
+    model = _embedding_model()
+    bundle = model.export(tmp_path / "bundle", target=target, train=True)
+    doc = export.read(bundle)
+    feeds = data(doc, "inputs", np.random.default_rng(5))
+    feeds["ids"][0, :3] = [-1, 7, np.nan]
+    write(tmp_path / "bad.bin", doc, "inputs", feeds)
+    r = run(runner, run_env, bundle, "forward", tmp_path / "bad.bin", tmp_path / "bad_out.bin")
+    assert r.returncode == 0, r.stderr
+    model._upload(feeds)
+    model._run(model._infer)
+    want = model._exec.read(model.plan.outputs["y"])
+    np.testing.assert_allclose(np.fromfile(tmp_path / "bad_out.bin", np.float32), want,
+                               rtol=1e-5, atol=1e-6)
+    check_against_python(model, bundle, runner, run_env, tmp_path, steps=2)
+    text = open(mql5.write(bundle, str(tmp_path / "emb.mqh")), newline="").read()
+    assert text.isascii()
+    assert re.findall(r'm_kern\[\d+\]=CLKernelCreate\(m_prog,"(\w+)"\)', text) == \
+        [la["kernel"] for la in doc["launches"]]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+from kilnet.feeds import index_bounds
 from kilnet.policy import symbolic
 import reference as ref
 
@@ -57,7 +58,9 @@ def check_gradients(g, loss, batch, ref_outputs=None, heads=None, seed=0, feed_s
     P = randomize(m, rng)
     feeds = {n: rng.standard_normal((batch,) + node.shape) * feed_scale
              for n, node in g.inputs.items()}
-    checked_inputs = list(g.inputs) if input_grads else []
+    ids = index_bounds(g)             # embedding's ids: integers in range, and no gradient
+    feeds.update({n: rng.integers(0, ids[n][0], feeds[n].shape).astype(float) for n in ids})
+    checked_inputs = [n for n in g.inputs if n not in ids] if input_grads else []
     T = targets_for(m, rng, loss, heads)
     state = {k: m.params[k] for k in m.params if k not in m.plan.params}
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+from kilnet.feeds import index_bounds
 from kilnet.policy import names
 from kilnet.policy.symbolic import ACTIVATIONS
 
@@ -80,9 +81,19 @@ def _dropout():
     return g, "mse"
 
 
+def _embedding():
+    """Ids hold integers (a NaN there is the id check's FeedError: tests/test_embedding.py), so
+    the NaN goes into x or a target."""
+    g = kn.Graph("embedding")
+    ids, x = g.input("ids", (4,)), g.input("x", (4, 2))
+    h = kn.concat(kn.embedding(ids, 5, 3), x)
+    g.output("y", kn.dense(kn.activation(h, "relu"), 2))
+    return g, "mse"
+
+
 MODELS = {**{f"act_{k}": (lambda k=k: _act_model(k)) for k in ACTIVATIONS},
           "trader": _trader, "windows": _windows, "attention": _attention, "times": _times,
-          "streaming": _streaming, "dropout": _dropout}
+          "streaming": _streaming, "dropout": _dropout, "embedding": _embedding}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -94,6 +105,8 @@ def model(request):
 def _batch(model, rng, n=BATCH):
     feeds = {k: rng.uniform(-1, 1, (n,) + node.shape).astype(np.float32)
              for k, node in model.graph.inputs.items()}
+    for k, (bound, _) in index_bounds(model.graph).items():      # embedding's ids
+        feeds[k] = rng.integers(0, bound, feeds[k].shape).astype(np.float32)
     targets = {}
     for k in model.plan.targets:
         shape = (n,) + model.graph.outputs[k].shape
@@ -122,7 +135,8 @@ def _unchanged(model, before):
 def _spoil(model, rng, feeds, targets, value):
     """Put ``value`` at one random element of one random feed (or target); returns (kind, name,
     sample, index)."""
-    kinds = [("feed", k) for k in feeds] + [("target", k) for k in targets]
+    kinds = [("feed", k) for k in feeds if k not in index_bounds(model.graph)] + \
+        [("target", k) for k in targets]
     kind, name = kinds[rng.integers(len(kinds))]
     arr = (feeds if kind == "feed" else targets)[name]
     at = tuple(int(rng.integers(s)) for s in arr.shape)

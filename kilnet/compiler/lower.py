@@ -301,7 +301,8 @@ class Lowering:
                 continue
             ctx = Context(self, node, True)
             for i, inp in enumerate(node.inputs):
-                contribute(ctx, i, inp)
+                if i not in op.index_inputs(node):     # integer ids get no gradient
+                    contribute(ctx, i, inp)
             self.choose_outer(node, op, ctx)
             start = len(self.launches)
             self.emit(node.name, "backward", op.backward(node, ctx))

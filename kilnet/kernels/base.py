@@ -56,13 +56,16 @@ class Param:
     """A learned parameter or a piece of layer state, laid out as PyTorch lays it out."""
     name: str
     shape: tuple
-    init: str = "zeros"        # "uniform" (±1/√fan_in, PyTorch's default), "zeros", "ones"
+    init: str = "zeros"        # "uniform" (±1/√fan_in, PyTorch's default), "normal" (0, 1:
+    #                            nn.Embedding's), "zeros", "ones"
     fan_in: int = 1
 
     def initial(self, rng, dtype):
         if self.init == "uniform":
             bound = 1.0 / math.sqrt(self.fan_in)
             return rng.uniform(-bound, bound, size=self.shape).astype(dtype)
+        if self.init == "normal":
+            return rng.standard_normal(self.shape).astype(dtype)
         if self.init == "ones":
             return np.ones(self.shape, dtype)
         return np.zeros(self.shape, dtype)
@@ -174,6 +177,13 @@ class Op:
     # gradient, so that act' of the input's producer is applied as dx is stored (the
     # activation-derivative fusion, compiler/fusion.py).
     fused_losses = ()          # loss kinds this op computes itself from its input (``loss``)
+
+    def index_inputs(self, node):
+        """{input index: bound} for inputs that hold integer indices in [0, bound) (embedding's
+        ids). Such an input must be a graph input: every feed of it is checked for them before
+        any device work (kilnet/feeds.py, ``index_bounds``), and it gets no gradient from this
+        node (the lowering leaves it out, so ``input_grads=True`` does too)."""
+        return {}
 
     def preactivation(self, node):
         """(derivative kind, scratch key) when backward turns dy into dz with
