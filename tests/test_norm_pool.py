@@ -222,3 +222,35 @@ def test_bad_feeds_are_refused_before_any_device_work(np_model):
     assert m.step == step
     for k in before:
         np.testing.assert_array_equal(m.params[k], before[k])
+
+
+# -- ONNX -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_onnx_after_training(dtype, tmp_path):
+    """The model of both ops after a few Adam steps (gamma and beta moved) in onnxruntime, at
+    the compiled batch and at batch 1."""
+    import onnx_check
+    m = kn.compile(norm_pool_graph(), batch=3, loss={"y": "mse"}, dtype=dtype, seed=2,
+                   optimizer=kn.Adam(lr=0.05))
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        m.train_step({"x": rng.standard_normal((3, 9, 4))}, {"y": rng.standard_normal((3, 3)) + 1})
+    assert np.abs(m.params["ln2.gamma"] - 1).max() > 1e-3 and np.abs(m.params["ln.beta"]).max() > 1e-3
+    onnx_check.agrees(m, tmp_path / "np.onnx")
+
+
+def test_onnx_ties_and_one_window(tmp_path):
+    """Constant and relu-zero windows (ties change no forward value), a window over every unit,
+    overlapping avg windows, layer_norm over a 1-d sample."""
+    import onnx_check
+    g = kn.Graph("pool_ties")
+    x = g.input("x", (6, 3))
+    r = kn.activation(x, "relu")
+    g.output("a", kn.pool1d(r, 6, kind="max"))
+    g.output("b", kn.pool1d(r, 3, 1, "avg"))
+    g.output("c", kn.layer_norm(kn.reshape(x, (18,))))
+    m = onnx_check.compiled(g)
+    feeds = {"x": np.random.default_rng(3).standard_normal((3, 6, 3)).astype(np.float32)}
+    feeds["x"][0] = 2.0
+    onnx_check.agrees(m, tmp_path / "ties.onnx", feeds=feeds)
