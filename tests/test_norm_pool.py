@@ -163,6 +163,23 @@ def test_forward_train_step_and_checkpoint(np_model, tmp_path):
     assert back.train_step({"x": x}, {"y": t}) == m.train_step({"x": x}, {"y": t})
 
 
+def test_kilnet_inspect(np_model, tmp_path, capsys):
+    """`kilnet inspect` of a checkpoint of the model: every launch with its slots, and the
+    source of max pooling's input gradient."""
+    from test_cli import run_cli
+    np_model.save(tmp_path / "np.kiln")
+    code, out, _ = run_cli(capsys, "inspect", str(tmp_path / "np.kiln"))
+    assert code == 0 and "model 'norm_pool'" in out
+    for launch in np_model.kernels:
+        assert launch.name in out
+    for name in ("ln.forward", "ln.backward_input", "ln.backward_gamma", "ln.backward_beta",
+                 "maxpool.forward", "maxpool.backward_input", "avgpool.backward_input"):
+        assert name in out, name
+    code, out, _ = run_cli(capsys, "inspect", str(tmp_path / "np.kiln"), "--kernel",
+                           "maxpool.backward_input")
+    assert code == 0 and "__kernel" in out and "maxpool_backward_input(" in out
+
+
 def test_float32():
     m = kn.compile(norm_pool_graph(), batch=2, loss={"y": "mse"}, dtype="float32", seed=1,
                    optimizer=kn.Adam())
