@@ -73,6 +73,9 @@ def models(dtype):
     x, t = g.input("x", (9, 2)), g.input("times", (9,))
     g.output("y", kn.mamba4cast_embedding(x, t, 12, [86400.0, 604800.0]))
     yield "time_encoding", kn.compile(g, batch=3, dtype=dtype, optimizer=kn.Adam(), loss="mse"), False
+    from test_norm_pool import norm_pool_graph          # issue 45: layer_norm and pool1d
+    yield "norm_pool", kn.compile(norm_pool_graph(), batch=3, dtype=dtype, optimizer=kn.Adam(),
+                                  loss="mse"), False
 
 
 def main(argv=None):

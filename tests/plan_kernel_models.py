@@ -71,5 +71,18 @@ def drop_like():
     return g, {"y": "mse"}, kn.Adam(lr=1e-2), feeds, targets
 
 
+def norm_pool_like():
+    """layer_norm (a team of lanes per row, gamma/beta column sums) and pool1d (max over
+    overlapping windows, avg side by side), issue 45."""
+    g = kn.Graph("norm_pool_like")
+    x = g.input("x", (9, 5))
+    h = kn.pool1d(kn.layer_norm(kn.conv1d(x, 6, window=2, activation="relu")), 3, 2)   # (3, 6)
+    g.output("y", kn.dense(kn.pool1d(kn.layer_norm(h), 2, kind="avg"), 4))
+    rng = np.random.default_rng(6)
+    feeds = lambda n: {"x": rng.standard_normal((n, 9, 5))}
+    targets = lambda n: {"y": rng.standard_normal((n, 4))}
+    return g, {"y": "mse"}, kn.Adam(lr=1e-2), feeds, targets
+
+
 MODELS = {"qnet_like": qnet_like, "gte_like": gte_like, "series_like": series_like,
-          "wide_loss": wide_loss, "drop_like": drop_like}
+          "wide_loss": wide_loss, "drop_like": drop_like, "norm_pool_like": norm_pool_like}

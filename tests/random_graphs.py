@@ -18,7 +18,7 @@ WINDOWS = [[1], [3], [2, 3], [1, 3, 5]]          # multi_window_conv
 ACTS = [None] + sorted(kn.ACTIVATIONS)
 OPS = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "concat", "add_norm",
        "reshape", "multi_window_conv", "graph_conv", "graph_attention", "batchnorm_stream",
-       "gte_block", "dropout", "embedding"]
+       "gte_block", "dropout", "embedding", "layer_norm", "pool1d"]
 
 
 class Choices:
@@ -106,6 +106,14 @@ def build(c, max_ops=5, second_input=True):
             if c.boolean():                 # computed parts on both sides of another value
                 parts = others[:1] + [x] + others[1:]
             y = kn.concat(*parts)
+        elif op == "layer_norm":
+            y = kn.layer_norm(x, eps=c.pick([1e-5, 0.1]))
+        elif op == "pool1d":
+            if len(x.shape) != 2:      # make it (units, channels) first
+                x = kn.reshape(x, (-1, c.pick(divisors(x.size))))
+                values.append(x)
+            window = c.integer(1, min(x.shape[0], 4))
+            y = kn.pool1d(x, window, c.pick([None, 1, 2, 3]), c.pick(["max", "avg"]))
         elif op == "add_norm":
             same = [v for v in values if v.shape == x.shape]
             y = kn.add_norm(x, c.pick(same))

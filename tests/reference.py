@@ -437,3 +437,27 @@ class AdamRef:
             vhat = v / (1 - self.b2 ** self.t)
             out[k] = f64(w) - self.lr * mhat / (np.sqrt(vhat) + self.eps)
         return out
+
+
+# -- layer_norm, pool1d (issue 45) ----------------------------------------------------------
+
+def layer_norm(x, gamma, beta, eps=1e-5):
+    """Over the last axis, biased variance (nn.LayerNorm(last))."""
+    x = f64(x)
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * f64(gamma) + f64(beta)
+
+
+def pool1d(x, window, step=None, kind="max"):
+    """(batch, U, C) -> (batch, U', C): max or mean of each window of units, per channel."""
+    x = f64(x)
+    step = step or window
+    Uo = (x.shape[1] - window) // step + 1
+    w = np.stack([x[:, u * step:u * step + window] for u in range(Uo)], axis=1)
+    return w.max(axis=2) if kind == "max" else w.mean(axis=2)
+
+
+OPS["layer_norm"] = lambda n, xs, P, t: layer_norm(xs[0], P[f"{n.name}.gamma"], P[f"{n.name}.beta"],
+                                                   n.attrs["eps"])
+OPS["pool1d"] = lambda n, xs, P, t: pool1d(xs[0], n.attrs["window"], n.attrs["step"], n.attrs["kind"])

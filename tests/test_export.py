@@ -951,3 +951,22 @@ def test_runner_and_mql5_include_run_an_embedding_model(target, runner, run_env,
     assert text.isascii()
     assert re.findall(r'm_kern\[\d+\]=CLKernelCreate\(m_prog,"(\w+)"\)', text) == \
         [la["kernel"] for la in doc["launches"]]
+# -- issue 45's ops: layer_norm and pool1d (tests/test_norm_pool.py's model) ----------------
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_runner_and_mql5_on_layer_norm_and_pool1d(target, runner, run_env, tmp_path, monkeypatch):
+    """The model of both ops, each kernel form: the runner's forward, train steps, parameters and
+    moments equal Python's; the MQL5 include creates the bundle's kernels in launch order."""
+    from test_norm_pool import norm_pool_graph
+    monkeypatch.setenv("KILNET_TARGET", target)
+    model = kn.compile(norm_pool_graph(), batch=2, optimizer=kn.Adam(lr=0.01), loss={"y": "mse"},
+                       seed=3)
+    bundle = model.export(tmp_path / "bundle", train=True)
+    check_against_python(model, bundle, runner, run_env, tmp_path, steps=2)
+    doc = export.read(bundle)
+    with open(mql5.write(bundle, str(tmp_path / "np.mqh")), newline="") as f:
+        text = f.read()
+    kernels = re.findall(r'm_kern\[(\d+)\]=CLKernelCreate\(m_prog,"(\w+)"\)', text)
+    assert [(int(i), k) for i, k in kernels] == [(i, la["kernel"]) for i, la in enumerate(doc["launches"])]
+    assert {"ln.backward_input", "maxpool.backward_input", "avgpool.forward"} <= {
+        la["name"] for la in doc["launches"]}

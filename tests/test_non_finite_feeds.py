@@ -96,6 +96,19 @@ MODELS = {**{f"act_{k}": (lambda k=k: _act_model(k)) for k in ACTIVATIONS},
           "streaming": _streaming, "dropout": _dropout, "embedding": _embedding}
 
 
+def _norm_pool():
+    """Issue 45: the feed meets max pooling first (a NaN after a window's first unit loses every
+    comparison, so the window's output stays finite), and layer_norm then avg pooling."""
+    g = kn.Graph("norm_pool")
+    x = g.input("x", (7, 3))
+    h = kn.concat(kn.layer_norm(kn.pool1d(x, 3, 2)), kn.pool1d(kn.layer_norm(x), 3, 2, "avg"))
+    g.output("y", kn.dense(h, 2))
+    return g, "mse"
+
+
+MODELS["norm_pool"] = _norm_pool
+
+
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def model(request):
     g, loss = MODELS[request.param]()
@@ -194,3 +207,4 @@ def test_train_steps_and_fit_refuse_it_the_same_way(model):
     h = kn.fit(model, batches, epochs=1, progress=False, on_non_finite="return")
     assert isinstance(h.stopped, kn.FeedError) and h.steps == 0
     _unchanged(model, before)
+

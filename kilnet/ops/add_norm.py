@@ -2,7 +2,8 @@
 
 The articles' SumAndNormilize averages a and b (m = 0.5) and skips the normalisation's Jacobian
 in backward; here the sum is plain and the backward pass is the true derivative:
-dz = inv/D·(D·g − Σg − ẑ·Σ(g·ẑ)), and da = db = dz.
+dz = inv/D·(D·g − Σg − ẑ·Σ(g·ẑ)), and da = db = dz. The row kernel (`row_launch`) is layer_norm's
+too, which normalises one input and adds an affine.
 """
 from ..graph import graph_of
 from ..kernels.base import Op, kernel, need, out, register
@@ -28,29 +29,11 @@ class AddNorm(Op):
         return a.shape
 
     def onnx(self, node, e):
-        """z = a + b; (z − mean)·(biased var + EPS)^-½ over the last axis (ReduceMean takes
-        its axes as an attribute up to opset 17)."""
-        z = e.op("Add", [e.x(node, 0), e.x(node, 1)], "sum")
-        d = e.op("Sub", [z, e.op("ReduceMean", [z], "mean", axes=[-1], keepdims=1)], "centred")
-        var = e.op("ReduceMean", [e.op("Mul", [d, d])], "var", axes=[-1], keepdims=1)
-        inv = e.op("Reciprocal", [e.op("Sqrt", [e.op("Add", [var, e.scalar(EPS, "eps")])])], "inv_std")
-        return e.op("Mul", [d, inv], "normed")
-
-    def _launch(self, step, node, ctx, mode, bufs, **extra):
-        D = node.shape[-1]
-        rows = ctx.batch * node.size // D
-        consts = dict(mode=mode, D=D, R=rows, eps=repr(EPS), T=1,
-                      VW=vector_width(ctx.target, ctx.ctype), **extra)
-        if ctx.target.kind == "gpu" and D > 1:
-            # a team of T lanes per row, as many rows per work-group as fit (add_norm.cl.j2)
-            L = consts["L"] = ctx.schedule(step, "group", items=rows * D).local[0]
-            T = consts["T"] = pow2_at_least(D, L)
-            return kernel(step, "add_norm", consts, bufs, (-(-rows // (L // T)) * L,), (L,))
-        return kernel(step, "add_norm", consts, bufs, *ctx.schedule(step).cover(rows))
+        return normalised_onnx(e, e.op("Add", [e.x(node, 0), e.x(node, 1)], "sum"), EPS)
 
     def forward(self, node, ctx):
-        return [self._launch("forward", node, ctx, "forward",
-                             {"in0": ctx.x(0), "in1": ctx.x(1), "out": out(ctx.y)})]
+        return [row_launch("forward", node, ctx, "forward", EPS,
+                           {"in0": ctx.x(0), "in1": ctx.x(1), "out": out(ctx.y)})]
 
     def backward(self, node, ctx):
         if not (ctx.dx(0) or ctx.dx(1)):
@@ -59,5 +42,30 @@ class AddNorm(Op):
         for i in (0, 1):
             if ctx.dx(i):
                 bufs[f"din{i}"] = out(ctx.dx(i), ctx.acc(i))
-        return [self._launch("backward_input", node, ctx, "backward", bufs,
-                             grads=[(i, ctx.acc(i)) for i in (0, 1) if ctx.dx(i)])]
+        return [row_launch("backward_input", node, ctx, "backward", EPS, bufs,
+                           grads=[(i, ctx.acc(i)) for i in (0, 1) if ctx.dx(i)])]
+
+
+def normalised_onnx(e, z, eps):
+    """(z − mean)·(biased var + eps)^-½ over the last axis (ReduceMean takes its axes as an
+    attribute up to opset 17); layer_norm's affine follows it."""
+    d = e.op("Sub", [z, e.op("ReduceMean", [z], "mean", axes=[-1], keepdims=1)], "centred")
+    var = e.op("ReduceMean", [e.op("Mul", [d, d])], "var", axes=[-1], keepdims=1)
+    inv = e.op("Reciprocal", [e.op("Sqrt", [e.op("Add", [var, e.scalar(eps, "eps")])])], "inv_std")
+    return e.op("Mul", [d, inv], "normed")
+
+
+def row_launch(step, node, ctx, mode, eps, bufs, affine=False, grads=()):
+    """One launch of templates/add_norm.cl.j2 over the rows of the last axis of ``node``: the sum
+    of the inputs in0, in1, … among ``bufs`` normalised (add_norm; layer_norm with ``affine``)."""
+    D = node.shape[-1]
+    rows = ctx.batch * node.size // D
+    inputs = [n for n in bufs if n.startswith("in") and n[2:].isdigit()]
+    consts = dict(mode=mode, D=D, R=rows, eps=repr(float(eps)), T=1, inputs=inputs,
+                  affine=affine, grads=list(grads), VW=vector_width(ctx.target, ctx.ctype))
+    if ctx.target.kind == "gpu" and D > 1:
+        # a team of T lanes per row, as many rows per work-group as fit (add_norm.cl.j2)
+        L = consts["L"] = ctx.schedule(step, "group", items=rows * D).local[0]
+        T = consts["T"] = pow2_at_least(D, L)
+        return kernel(step, "add_norm", consts, bufs, (-(-rows // (L // T)) * L,), (L,))
+    return kernel(step, "add_norm", consts, bufs, *ctx.schedule(step).cover(rows))

@@ -39,6 +39,13 @@ def gather(ctx, B, U, C, Uo, W, S, cols, dx, accumulate, dscale):
                   *s.cover(B * U * C // V))
 
 
+def windows_onnx(e, x, Uo, W, S):
+    """(N, U, C) -> (N, U', W, C): the U' windows of W units every S (ONNX Gather on the unit
+    axis), conv1d's and pool1d's."""
+    taps = np.arange(Uo)[:, None] * S + np.arange(W)[None, :]          # (U', W)
+    return e.op("Gather", [x, e.const(taps, "taps", np.int64)], "windows", axis=1)
+
+
 @register
 class Conv1d(Op):
     kind = "conv1d"
@@ -61,8 +68,7 @@ class Conv1d(Op):
         U, C, Uo, F, W, S, act = self._dims(node)
         x = e.x(node)
         if not (W == 1 and S == 1):    # else the windows are the units themselves
-            taps = np.arange(Uo)[:, None] * S + np.arange(W)[None, :]          # (U', W)
-            x = e.op("Gather", [x, e.const(taps, "taps", np.int64)], "windows", axis=1)
+            x = windows_onnx(e, x, Uo, W, S)
         w = e.op("Reshape", [e.param(node, "weight"), e.ints([F, W * C], "w_shape")], "w2d")
         z = e.linear(e.rows(x, W * C), w, e.param(node, "bias"))         # (N·U', F)
         return e.act(e.reshape(z, (Uo, F)), act)

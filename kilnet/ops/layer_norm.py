@@ -1,0 +1,67 @@
+"""layer_norm: y = ẑ·gamma + beta, ẑ = (x − mean)/√(var + eps) over the last axis of D values
+(biased variance), PyTorch's ``nn.LayerNorm(D)``. Parameters ``gamma`` (ones) and ``beta``
+(zeros), of shape (D,).
+
+It is add_norm's row normalisation (templates/add_norm.cl.j2, one input) with an affine. With
+g = dy·gamma, the input gradient is add_norm's: dx = inv/D·(D·g − Σg − ẑ·Σ(g·ẑ)), the sums over
+the row; the parameter gradients are sums over every row of the batch (every position of every
+sample): dgamma = Σ dy·ẑ, dbeta = Σ dy. The backward row kernel writes dy·ẑ to scratch and two
+column sums (kernels/gemm.py's ``column_sum``, as dense's bias gradient) reduce it and dy.
+"""
+import math
+
+from ..graph import graph_of
+from ..kernels.base import GraphError, Op, Param, need, out, register
+from ..kernels.gemm import column_sum
+from .add_norm import normalised_onnx, row_launch
+
+
+def layer_norm(x, eps=1e-5, name=None):
+    """Normalise over the last axis, then a learned scale ``gamma`` and shift ``beta`` of the
+    last axis's size."""
+    return graph_of(x, "layer_norm").add("layer_norm", [x], {"eps": eps}, name)
+
+
+@register
+class LayerNorm(Op):
+    kind = "layer_norm"
+    builder = layer_norm
+
+    def infer(self, node):
+        eps = node.attrs["eps"]
+        ok = isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) \
+            and eps > 0
+        need(ok, node, f"eps must be a finite number > 0, got {eps!r}", GraphError)
+        node.attrs["eps"] = float(eps)
+        shape = node.inputs[0].shape
+        need(len(shape) >= 1, node, f"input {node.inputs[0].name!r} must have an axis to "
+             f"normalise over, got shape {shape}")
+        return shape
+
+    def params(self, node):
+        D = node.shape[-1]
+        return [Param("gamma", (D,), "ones"), Param("beta", (D,), "zeros")]
+
+    def onnx(self, node, e):
+        """add_norm's decomposition (runs on runtimes without LayerNormalization, and in
+        float64), then ·gamma + beta, broadcast along the last axis."""
+        z = normalised_onnx(e, e.x(node), node.attrs["eps"])
+        return e.op("Add", [e.op("Mul", [z, e.param(node, "gamma")]), e.param(node, "beta")],
+                    "affine")
+
+    def forward(self, node, ctx):
+        return [row_launch("forward", node, ctx, "forward", node.attrs["eps"],
+                           {"in0": ctx.x(0), "gamma": ctx.p("gamma"), "beta": ctx.p("beta"),
+                            "out": out(ctx.y)}, affine=True)]
+
+    def backward(self, node, ctx):
+        rows, D = ctx.batch * node.size // node.shape[-1], node.shape[-1]
+        dyz = ctx.scratch("dy_xhat", ctx.batch * node.size)
+        bufs = {"in0": ctx.x(0), "gamma": ctx.p("gamma"), "dout": ctx.dy, "dyz": out(dyz)}
+        if ctx.dx(0):
+            bufs["din0"] = out(ctx.dx(0), ctx.acc(0))
+        ks = [row_launch("backward_input", node, ctx, "backward", node.attrs["eps"], bufs,
+                         affine=True, grads=[(0, ctx.acc(0))] if ctx.dx(0) else ())]
+        ks += column_sum(ctx, "backward_gamma", rows=rows, cols=D, src=dyz, out=ctx.dp("gamma"))
+        ks += column_sum(ctx, "backward_beta", rows=rows, cols=D, src=ctx.dy, out=ctx.dp("beta"))
+        return ks
