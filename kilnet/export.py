@@ -35,6 +35,7 @@ import numpy as np
 from .compiler.lower import relower
 from .compiler.render import one_program
 from .errors import BundleError
+from .feeds import index_bounds
 from .inspect import _fmt_bytes, _table
 from .policy import names
 from .policy.dtypes import CTYPE
@@ -158,7 +159,10 @@ def build(model, target=None, train=False):
     text, rename = program(plan, launches)
     dtype = DTYPES[plan.dtype]
 
-    inputs = [dict(name=n, **_region(plan, b)) for n, b in plan.feeds.items()]
+    bounds = index_bounds(plan.graph)        # inputs read as ids: their bound and reader
+    inputs = [dict(name=n, **_region(plan, b),
+                   **({"ids": {"bound": bounds[n][0], "node": bounds[n][1]}} if n in bounds else {}))
+              for n, b in plan.feeds.items()]
     outputs = [dict(name=n, **_region(plan, b, (plan.batch,) + tuple(plan.graph.outputs[n].shape)))
                for n, b in plan.outputs.items()]
     targets = [dict(name=n, **_region(plan, b)) for n, b in plan.targets.items()] if train else []
@@ -258,6 +262,9 @@ def plan_text(doc, plan_json):
         out.append(f"{kind}s {len(doc[key])}")
         out += [f"{kind} {arena[r['arena']]} {r['offset']} {r['count']} {r['name']}"
                 for r in doc[key]]
+    ids = [(i, r["ids"]["bound"]) for i, r in enumerate(doc["inputs"]) if r.get("ids")]
+    out.append(f"ids {len(ids)}")
+    out += [f"id {i} {bound}" for i, bound in ids]
     parts = doc["loss"]["parts"] if doc["loss"] else []
     out.append(f"losses {len(parts)}")
     out += [f"loss {arena[p['arena']]} {p['offset']} {p['count']}" for p in parts]

@@ -329,7 +329,8 @@ static char *ptext; static size_t ppos, plen;     /* plan.txt, up to its seal li
 static char tok[4096], seal_hex[65];
 static int item;                                   /* bytes per element: 4 or 8 */
 static char source[NAME], opt[NAME];
-static int narenas, nkernels, nlaunches, nio[3], nloss, ncalls, nsums, scal_arena = -1;
+static int narenas, nkernels, nlaunches, nio[3], nloss, ncalls, nsums, scal_arena = -1, nids, *id_input;
+static unsigned long *id_bound;
 static Arena *arenas; static char (*kernels)[NAME]; static Launch *launches;
 static Region *io[3], *loss; static Call calls[4]; static Sum *sums;
 static size_t batch, scal_offset; static double lr, b1, b2; static unsigned long step0;
@@ -546,6 +547,13 @@ static void load_plan(void) {
             for (i = 0; i < nio[j]; i++) { expect(kinds[j]); region(&io[j][i], kinds[j]); }
         }
     }
+    expect("ids"); nids = (int)num("ids count", 1024);      /* inputs an embedding reads as ids */
+    id_input = xcalloc(nids ? nids : 1, sizeof *id_input); id_bound = xcalloc(nids ? nids : 1, sizeof *id_bound);
+    for (i = 0; i < nids; i++) {
+        expect("id"); id_input[i] = (int)num("ids input", nio[0] ? (unsigned long)nio[0] - 1 : 0);
+        id_bound[i] = num("ids bound", 0xFFFFFFFFul);
+        if (!nio[0] || !id_bound[i]) die("bundle %s: plan.txt: bad ids record %d", bundle, i);
+    }
     expect("losses"); nloss = (int)num("loss count", 1024); loss = xcalloc(nloss, sizeof *loss);
     for (i = 0; i < nloss; i++) {
         expect("loss"); loss[i].arena = (int)num("loss arena", (unsigned long)narenas - 1);
@@ -736,6 +744,29 @@ static char *read_batches(const char *path, int j, size_t *nbatch) {
                                          path, (unsigned long)size, (unsigned long)per, j ? "targets" : "inputs", (unsigned long)batch);
     *nbatch = size / per; return data;
 }
+/* Every value of an input that an embedding reads as ids, in every batch of `data` (from
+   `path`), must be an integer in [0, bound), as Python's feed check requires; else the runner
+   stops before running anything (the kernels would give a zero row for it, silently). */
+static void check_ids(const char *data, size_t nbatch, const char *path) {
+    size_t b, e; int i, j;
+    for (b = 0; b < nbatch; b++) {
+        const char *p = data + b * io_bytes(0);
+        for (j = 0; j < nio[0]; j++) {
+            size_t per = io[0][j].count / batch;
+            for (i = 0; i < nids; i++) {
+                if (id_input[i] != j) continue;
+                for (e = 0; e < io[0][j].count; e++) {
+                    double v = item == 4 ? (double)((const float *)p)[e] : ((const double *)p)[e];
+                    if (!(v >= 0 && v < (double)id_bound[i] && floor(v) == v))
+                        die("%s: batch %lu: input %s holds %g at sample %lu, position %lu; its values are ids, "
+                            "integers in [0, %lu); nothing was run", path, (unsigned long)b, io[0][j].name, v,
+                            (unsigned long)(e / per), (unsigned long)(e % per), id_bound[i]);
+                }
+            }
+            p += io[0][j].count * item;
+        }
+    }
+}
 static void upload(char *data, int j) { int i; for (i = 0; i < nio[j]; i++) { transfer(&io[j][i], data, 1); data += io[j][i].count * item; } }
 
 int main(int argc, char **argv) {
@@ -816,6 +847,7 @@ int main(int argc, char **argv) {
     if (!strcmp(pos[1], "forward")) {
         size_t k; char *in = read_batches(pos[2], 0, &k), *out = xcalloc(io_bytes(2), 1), *p = out;
         if (k != 1) die("%s holds %lu batches; forward takes one", pos[2], (unsigned long)k);
+        check_ids(in, k, pos[2]);
         upload(in, 0);
         run_call("forward");
         for (i = 0; i < nio[2]; i++) { transfer(&io[2][i], p, 0); p += io[2][i].count * item; }
@@ -825,6 +857,7 @@ int main(int argc, char **argv) {
         if (scal_arena < 0) die("bundle %s has no train_step (export it with train=True / --train)", bundle);
         in = read_batches(pos[2], 0, &k); tg = read_batches(pos[3], 1, &kt);
         if (k != kt) die("%s holds %lu batches but %s holds %lu", pos[2], (unsigned long)k, pos[3], (unsigned long)kt);
+        check_ids(in, k, pos[2]);
         if (stat(pos[4], &st) || !S_ISDIR(st.st_mode)) die("OUTDIR %s is not a folder (make it first)", pos[4]);
         losses = xcalloc(k, 32);
         for (s = 0; s < k; s++) {

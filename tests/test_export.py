@@ -925,8 +925,9 @@ def _embedding_model():
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_runner_and_mql5_include_run_an_embedding_model(target, runner, run_env, tmp_path,
                                                         monkeypatch):
-    """Integer ids in the bundle's data; the runner checks no ids, so a bad id reaches the
-    kernels, which give it a row of zeros, as the same kernels do from Python."""
+    """Integer ids in the bundle's data; the bundle records each ids input's bound, and the
+    runner refuses a batch holding a value that is not an id (forward and train, before any
+    launch), naming the input, sample and position, as Python's feed check does."""
     def data(doc, key, rng, uniform=batch_data):
         out = uniform(doc, key, rng)
         if "ids" in out:
@@ -936,21 +937,35 @@ def test_runner_and_mql5_include_run_an_embedding_model(target, runner, run_env,
     model = _embedding_model()
     bundle = model.export(tmp_path / "bundle", target=target, train=True)
     doc = export.read(bundle)
-    feeds = data(doc, "inputs", np.random.default_rng(5))
-    feeds["ids"][0, :3] = [-1, 7, np.nan]
-    write(tmp_path / "bad.bin", doc, "inputs", feeds)
-    r = run(runner, run_env, bundle, "forward", tmp_path / "bad.bin", tmp_path / "bad_out.bin")
-    assert r.returncode == 0, r.stderr
-    model._upload(feeds)
-    model._run(model._infer)
-    want = model._exec.read(model.plan.outputs["y"])
-    np.testing.assert_allclose(np.fromfile(tmp_path / "bad_out.bin", np.float32), want,
-                               rtol=1e-5, atol=1e-6)
+    assert [r.get("ids") for r in doc["inputs"]] == [{"bound": 7, "node": "embedding_1"}, None]
+    rng = np.random.default_rng(5)
+    for bad, where in ((-1.0, "sample 1, position 2"), (7.0, "sample 2, position 0"),
+                       (2.5, "sample 0, position 4"), (np.nan, "sample 1, position 0")):
+        feeds, targets = data(doc, "inputs", rng), data(doc, "targets", rng)
+        s, u = (int(v) for v in re.findall(r"\d+", where))
+        feeds["ids"][s, u] = bad
+        write(tmp_path / "bad.bin", doc, "inputs", feeds)
+        write(tmp_path / "bad_t.bin", doc, "targets", targets)
+        for args in (("forward", tmp_path / "bad.bin", tmp_path / "bad_out.bin"),
+                     ("train", tmp_path / "bad.bin", tmp_path / "bad_t.bin", tmp_path)):
+            r = run(runner, run_env, bundle, *args)
+            assert r.returncode == 1 and not (tmp_path / "bad_out.bin").exists(), r.stderr
+            assert f"input ids holds {bad:g} at {where}; its values are ids, integers in " \
+                   f"[0, 7); nothing was run" in r.stderr, r.stderr
     check_against_python(model, bundle, runner, run_env, tmp_path, steps=2)
     text = open(mql5.write(bundle, str(tmp_path / "emb.mqh")), newline="").read()
     assert text.isascii()
     assert re.findall(r'm_kern\[\d+\]=CLKernelCreate\(m_prog,"(\w+)"\)', text) == \
         [la["kernel"] for la in doc["launches"]]
+    # Forward and TrainStep refuse a value of in[] that is not an id, before any write
+    for call in ("Forward", "TrainStep"):
+        body = text[text.index(f"bool              {call}("):]
+        check = body.index("// ids: ids of embedding_1, integers in [0, 7)")
+        assert check < body.index("CLBufferWrite"), call
+        assert f'"{call}: input ids holds %g at sample %d, position %d; its values are ids' in body
+        assert "v>=0.0 && v<7.0 && MathFloor(v)==v" in body
+
+
 # -- issue 45's ops: layer_norm and pool1d (tests/test_norm_pool.py's model) ----------------
 
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
