@@ -28,10 +28,11 @@ def same_shapes(node):
     return first.shape
 
 
-def map_stores(ctx, step, n, buffers, stores, lets=(), vectors=True):
+def map_stores(ctx, step, n, buffers, stores, lets=(), vectors=True, tables=()):
     """One templates/elementwise.cl.j2 launch over n elements: ``lets`` [(C type or "T", name,
     expression)] declared, then ``stores`` [(argument, expression, accumulate)] written (added to
-    where accumulate), per element i. Expressions read arguments through LD(p, i). With
+    where accumulate), per element i; ``tables`` [(name, [C literal, …])] are constant arrays
+    the expressions may index. Expressions read arguments through LD(p, i). With
     ``vectors`` (bodies that do not depend on i) a work-item takes a V-vector on CPU forms, the
     expressions then vectorised (symbolic.vectorised: every literal written (real)…)."""
     s = ctx.schedule(step, vectors=True) if vectors else ctx.schedule(step)
@@ -39,7 +40,8 @@ def map_stores(ctx, step, n, buffers, stores, lets=(), vectors=True):
 
     def forms(e):
         return e, symbolic.vectorised(e) if V > 1 else e
-    consts = dict(N=n, V=V, lets=[(t, name, *forms(e)) for t, name, e in lets],
+    consts = dict(N=n, V=V, tables=[(name, list(vs)) for name, vs in tables],
+                  lets=[(t, name, *forms(e)) for t, name, e in lets],
                   stores=[(b, *forms(e), bool(acc)) for b, e, acc in stores])
     return kernel(step, "elementwise", consts, buffers, *s.cover(-(-n // V)))
 

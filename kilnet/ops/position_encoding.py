@@ -2,19 +2,22 @@
 sinusoidal code PE[u, c] = sin(u / 10000^(c/C)) for even c and cos(u / 10000^((c − 1)/C)) for
 odd c (u, c from 0).
 
-learnable=False: PE is a constant, evaluated in the forward kernel in the model's dtype as
-sin/cos(u·exp(−(c − c mod 2)·ln(10000)/C)) (exp rather than pow: a few ulps, where OpenCL's float
-pow may be 16); no parameters. learnable=True: the code is a parameter ``pe`` of shape (U, C)
-that starts as PE (computed in float64, then rounded to the dtype) and trains; the forward adds
-it to every sample, ∂L/∂pe = Σ over the batch of dy (a column sum).
+learnable=False: PE is a constant, evaluated in the forward kernel; no parameters. The
+frequency f = 10000^−(c − c mod 2)/C of each pair of channels is baked in as f_hi + f_lo (f_hi
+rounded to the dtype, from long double); the angle u·f is h = u·f_hi plus its rounding error
+e = fma(u, f_hi, −h) + u·f_lo, and sin(u·f) = sin h + e·cos h, cos(u·f) = cos h − e·sin h. So
+the code is within 1-2 ulps of the dtype at any u (one rounding of u·f in float32, as float32
+codes are usually computed, put it 1.8e-5 off at u = 511).
+
+learnable=True: the code is a parameter ``pe`` of shape (U, C) that starts as PE (evaluated in
+long double, rounded to the dtype) and trains; the forward adds it to every sample, and
+∂L/∂pe = Σ over the batch of dy (both column sums, kernels/gemm.py).
 
 Gradient of x: dy (a copy, or added to where x has other consumers).
 
-ONNX: Add with PE as a constant initializer (learnable=False; computed in float64, so it may
-differ from the kernel's in the last bits of float32) or with the parameter.
+ONNX: Add with PE as a constant initializer (learnable=False; the same long double table,
+rounded to the dtype) or with the parameter.
 """
-import math
-
 import numpy as np
 
 from ..graph import graph_of
@@ -30,11 +33,17 @@ def position_encoding(x, learnable=False, name=None):
                                                 {"learnable": learnable}, name)
 
 
+def frequencies(C):
+    """10000^−2j/C for each pair j of channels, in numpy's long double (80-bit on x86-64 Linux;
+    float64 where it is no wider)."""
+    return np.power(np.longdouble(10000), -np.arange(0, C, 2, dtype=np.longdouble) / C)
+
+
 def table(U, C):
-    """PE (U, C) in float64."""
-    u, c = np.arange(U)[:, None], np.arange(C)[None, :]
-    angle = u / np.power(10000.0, (c - c % 2) / C)
-    return np.where(c % 2 == 0, np.sin(angle), np.cos(angle))
+    """PE (U, C) as float64, evaluated in long double."""
+    angle = np.arange(U, dtype=np.longdouble)[:, None] * np.repeat(frequencies(C), 2)[None, :C]
+    even = np.arange(C)[None, :] % 2 == 0
+    return np.where(even, np.sin(angle), np.cos(angle)).astype(np.float64)
 
 
 @register
@@ -63,12 +72,17 @@ class PositionEncoding(Op):
         if node.attrs["learnable"]:     # out[r, n] = x[r, n] + pe[n mod U·C], one row of B·U·C
             return column_sum(ctx, "forward", rows=1, cols=n, src=ctx.x(0), out=ctx.y,
                               bias=ctx.p("pe"), bias_period=U * C)
-        k = repr(-math.log(10000.0) / C)
+        f = frequencies(C)
+        hi = f.astype(np.float32 if ctx.ctype == "float" else np.float64)
+        tables = [(name, [f"(real){float(v)!r}" for v in vs]) for name, vs in
+                  (("f_hi", hi), ("f_lo", f - hi.astype(np.longdouble)))]
         lets = [("int", "u", f"i / {C} % {U}"), ("int", "c", f"i % {C}"),
-                ("real", "a", f"(real)u * exp((real)(c - c % 2) * (real){k})")]
+                ("real", "h", "(real)u * f_hi[c / 2]"),
+                ("real", "e", "fma((real)u, f_hi[c / 2], -h) + (real)u * f_lo[c / 2]")]
+        code = "(c % 2 == 0 ? sin(h) + e * cos(h) : cos(h) - e * sin(h))"
         return [map_stores(ctx, "forward", n, {"inp": ctx.x(0), "out": out(ctx.y)},
-                           [("out", "inp[i] + (c % 2 == 0 ? sin(a) : cos(a))", False)], lets,
-                           vectors=False)]
+                           [("out", f"inp[i] + {code}", False)], lets, vectors=False,
+                           tables=tables)]
 
     def backward(self, node, ctx):
         (U, C), n = node.shape, ctx.batch * node.size
