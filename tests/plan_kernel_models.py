@@ -84,5 +84,19 @@ def norm_pool_like():
     return g, {"y": "mse"}, kn.Adam(lr=1e-2), feeds, targets
 
 
+def elem_like():
+    """add, mul, transpose and position_encoding (issue 45): elementwise.cl.j2's maps and the
+    column sums of the learnable code."""
+    g = kn.Graph("elem_like")
+    x = g.input("x", (5, 3))
+    h = kn.position_encoding(kn.mul(kn.add(x, x, kn.position_encoding(x)), x), learnable=True)
+    g.output("y", kn.dense(kn.transpose(h), 4))
+    rng = np.random.default_rng(6)
+    feeds = lambda n: {"x": rng.standard_normal((n, 5, 3))}
+    targets = lambda n: {"y": rng.standard_normal((n, 4))}
+    return g, {"y": "mse"}, kn.Adam(lr=1e-2), feeds, targets
+
+
 MODELS = {"qnet_like": qnet_like, "gte_like": gte_like, "series_like": series_like,
-          "wide_loss": wide_loss, "drop_like": drop_like, "norm_pool_like": norm_pool_like}
+          "wide_loss": wide_loss, "drop_like": drop_like, "norm_pool_like": norm_pool_like,
+          "elem_like": elem_like}

@@ -18,7 +18,8 @@ WINDOWS = [[1], [3], [2, 3], [1, 3, 5]]          # multi_window_conv
 ACTS = [None] + sorted(kn.ACTIVATIONS)
 OPS = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "concat", "add_norm",
        "reshape", "multi_window_conv", "graph_conv", "graph_attention", "batchnorm_stream",
-       "gte_block", "dropout", "embedding", "layer_norm", "pool1d"]
+       "gte_block", "dropout", "embedding", "layer_norm", "pool1d", "add", "mul", "transpose",
+       "position_encoding"]
 
 
 class Choices:
@@ -117,6 +118,16 @@ def build(c, max_ops=5, second_input=True):
         elif op == "add_norm":
             same = [v for v in values if v.shape == x.shape]
             y = kn.add_norm(x, c.pick(same))
+        elif op in ("add", "mul"):          # may repeat x: add(x, x), mul(x, x)
+            same = [v for v in values if v.shape == x.shape]
+            more = [c.pick(same) for _ in range(1 if op == "mul" else c.integer(1, 2))]
+            y = (kn.add if op == "add" else kn.mul)(x, *more)
+        elif op in ("transpose", "position_encoding"):
+            if len(x.shape) != 2:
+                x = kn.reshape(x, (-1, c.pick(divisors(x.size))))
+                values.append(x)
+            y = kn.transpose(x) if op == "transpose" else \
+                kn.position_encoding(x, learnable=c.boolean())
         else:  # reshape
             d = c.pick(divisors(x.size))
             y = kn.reshape(x, c.pick([(x.size,), (d, -1), (-1, d)]))

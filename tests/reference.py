@@ -348,6 +348,32 @@ def embedding(ids, weight):
 OPS["embedding"] = lambda n, xs, P, t: embedding(xs[0], P[f"{n.name}.weight"])
 
 
+# add, mul, transpose, position_encoding (docs/DESIGN.md section 2)
+def position_code(U, C):
+    """PE[u, c] = sin(u / 10000^(c/C)) for even c, cos(u / 10000^((c − 1)/C)) for odd c."""
+    pe = np.empty((U, C))
+    for u in range(U):
+        for c in range(C):
+            pe[u, c] = math.sin(u / 10000 ** (c / C)) if c % 2 == 0 else \
+                math.cos(u / 10000 ** ((c - 1) / C))
+    return pe
+
+
+def position_encoding(x, pe=None):
+    """x (B, U, C) + the code, or + ``pe`` (the learnable parameter) where given."""
+    x = f64(x)
+    return x + (position_code(*x.shape[1:]) if pe is None else f64(pe))
+
+
+OPS.update({
+    "add": lambda n, xs, P, t: sum(f64(x) for x in xs),
+    "mul": lambda n, xs, P, t: f64(xs[0]) * f64(xs[1]),
+    "transpose": lambda n, xs, P, t: f64(xs[0]).transpose(0, 2, 1),
+    "position_encoding": lambda n, xs, P, t: position_encoding(
+        xs[0], P[f"{n.name}.pe"] if n.attrs["learnable"] else None),
+})
+
+
 def interpret(graph, P, feeds, training, at=None):
     """Every output of ``graph``, batched, in float64, from the table of ops above (``OPS``, by
     op name). ``P`` maps parameter (and state) names to arrays; batch norm uses batch statistics

@@ -102,7 +102,7 @@ def test_a_missing_op_is_named_with_the_ops_there_are(name):
         getattr(kn, name)
     assert str(e.value) == (f"module 'kilnet' has no attribute '{name}'; kilnet has no op "
                             f"{name}(): the ops are {', '.join(kn.BUILDERS)}")
-    assert re.search(r"the ops are activation, add_norm, batchnorm, concat, conv1d, dense",
+    assert re.search(r"the ops are activation, add, add_norm, batchnorm, concat, conv1d, dense",
                      str(e.value))
     with pytest.raises(AttributeError, match=r"^module 'kilnet' has no attribute 'Lstm'$"):
         kn.Lstm

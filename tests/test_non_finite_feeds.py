@@ -109,6 +109,18 @@ def _norm_pool():
 MODELS["norm_pool"] = _norm_pool
 
 
+def _elementwise():
+    """add, mul, transpose and position_encoding on the feed (issue 45)."""
+    g = kn.Graph("elementwise")
+    x = g.input("x", (3, 5))
+    h = kn.position_encoding(kn.mul(kn.add(x, x), kn.transpose(kn.transpose(x))), learnable=True)
+    g.output("y", kn.dense(kn.transpose(h), 2))
+    return g, "mse"
+
+
+MODELS["elementwise"] = _elementwise
+
+
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def model(request):
     g, loss = MODELS[request.param]()

@@ -56,11 +56,14 @@ class Param:
     """A learned parameter or a piece of layer state, laid out as PyTorch lays it out."""
     name: str
     shape: tuple
-    init: str = "zeros"        # "uniform" (±1/√fan_in, PyTorch's default), "normal" (0, 1:
-    #                            nn.Embedding's), "zeros", "ones"
+    init: object = "zeros"     # "uniform" (±1/√fan_in, PyTorch's default), "normal" (0, 1:
+    #                            nn.Embedding's), "zeros", "ones"; or an array of ``shape``:
+    #                            the starting values themselves
     fan_in: int = 1
 
     def initial(self, rng, dtype):
+        if not isinstance(self.init, str):
+            return np.asarray(self.init, np.float64).reshape(self.shape).astype(dtype)
         if self.init == "uniform":
             bound = 1.0 / math.sqrt(self.fan_in)
             return rng.uniform(-bound, bound, size=self.shape).astype(dtype)

@@ -1,0 +1,83 @@
+"""add(*xs): y = x_0 + x_1 + … elementwise, every input of one shape (the output's).
+
+Gradients: ∂L/∂x_i = dy for every input i. A value passed more than once gets dy once per time
+it is passed (add(x, x): 2·dy), as every gradient of a value read twice is summed. One map
+launch forward and one backward, which writes (or adds to) every wanted input gradient.
+
+ONNX: Add (two inputs), Sum (any other count).
+"""
+from ..graph import graph_of
+from ..kernels.base import GraphError, Op, kernel, need, out, register
+from ..policy import symbolic
+
+
+def add(*xs, name=None):
+    """x_0 + x_1 + … elementwise; every input of one shape."""
+    if not xs:
+        raise GraphError("add: needs at least one input")
+    return graph_of(xs[0], "add").add("add", list(xs), {}, name)
+
+
+def same_shapes(node):
+    """The one shape every input of ``node`` has, or a ShapeError naming the node, the first
+    input that differs and both shapes."""
+    first = node.inputs[0]
+    for i, v in enumerate(node.inputs[1:], 1):
+        need(v.shape == first.shape, node, f"every input needs one shape: input {i} ({v.name!r}) "
+             f"has shape {v.shape}, input 0 ({first.name!r}) has shape {first.shape}")
+    return first.shape
+
+
+def map_stores(ctx, step, n, buffers, stores, lets=(), vectors=True, tables=()):
+    """One templates/elementwise.cl.j2 launch over n elements: ``lets`` [(C type or "T", name,
+    expression)] declared, then ``stores`` [(argument, expression, accumulate)] written (added to
+    where accumulate), per element i; ``tables`` [(name, [C literal, …])] are constant arrays
+    the expressions may index. Expressions read arguments through LD(p, i). With
+    ``vectors`` (bodies that do not depend on i) a work-item takes a V-vector on CPU forms, the
+    expressions then vectorised (symbolic.vectorised: every literal written (real)…)."""
+    s = ctx.schedule(step, vectors=True) if vectors else ctx.schedule(step)
+    V = (s.vector or 1) if vectors else 1
+
+    def forms(e):
+        return e, symbolic.vectorised(e) if V > 1 else e
+    consts = dict(N=n, V=V, tables=[(name, list(vs)) for name, vs in tables],
+                  lets=[(t, name, *forms(e)) for t, name, e in lets],
+                  stores=[(b, *forms(e), bool(acc)) for b, e, acc in stores])
+    return kernel(step, "elementwise", consts, buffers, *s.cover(-(-n // V)))
+
+
+def gradient_stores(ctx, count, expr):
+    """(buffers, stores) writing input i's gradient, expr(i), for every input that wants one."""
+    bufs, stores = {}, []
+    for i in range(count):
+        if ctx.dx(i):
+            bufs[f"din{i}"] = out(ctx.dx(i), ctx.acc(i))
+            stores.append((f"din{i}", expr(i), ctx.acc(i)))
+    return bufs, stores
+
+
+@register
+class Add(Op):
+    kind = "add"
+    builder = add
+
+    def infer(self, node):
+        return same_shapes(node)
+
+    def onnx(self, node, e):
+        xs = [e.x(node, i) for i in range(len(node.inputs))]
+        return e.op("Add" if len(xs) == 2 else "Sum", xs, "sum")
+
+    def forward(self, node, ctx):
+        k = len(node.inputs)
+        bufs = {f"in{i}": ctx.x(i) for i in range(k)}
+        bufs["out"] = out(ctx.y)
+        return [map_stores(ctx, "forward", ctx.batch * node.size, bufs,
+                           [("out", " + ".join(f"LD(in{i}, i)" for i in range(k)), False)])]
+
+    def backward(self, node, ctx):
+        grads, stores = gradient_stores(ctx, len(node.inputs), lambda i: "g")
+        if not stores:
+            return []
+        return [map_stores(ctx, "backward_input", ctx.batch * node.size,
+                           {"dout": ctx.dy, **grads}, stores, [("T", "g", "LD(dout, i)")])]

@@ -1,0 +1,57 @@
+"""transpose(x): (A, B) -> (B, A), y[j, i] = x[i, j] per sample.
+
+Gradient: dx = dyᵀ, the same gather with the axes swapped. Each launch is a map with one
+work-item per element it writes, reading its source through an index expression (sympy, printed
+by kilnet.kernels.index): element o of a batch of (C, R) transposes of (R, C) samples reads the
+sample's element (r mod R)·C + r div R, r = o mod R·C.
+
+ONNX: Transpose (perm 0, 2, 1).
+"""
+import sympy as sp
+
+from ..graph import graph_of
+from ..kernels import index
+from ..kernels.base import Op, need, out, register
+from .add import map_stores
+
+_i = sp.Symbol("i", integer=True, nonnegative=True)
+
+
+def transpose(x, name=None):
+    """(A, B) -> (B, A) per sample."""
+    return graph_of(x, "transpose").add("transpose", [x], {}, name)
+
+
+def transposed(R, C):
+    """The index, as C, into a batch of (R, C) samples of element i of their (C, R) transposes."""
+    r = _i % (R * C)
+    return index.c(_i // (R * C) * (R * C) + r % R * C + r // R)
+
+
+@register
+class Transpose(Op):
+    kind = "transpose"
+    builder = transpose
+
+    def infer(self, node):
+        s = node.inputs[0].shape
+        need(len(s) == 2, node, f"x ({node.inputs[0].name!r}) must have 2 axes (A, B), got "
+             f"shape {s}")
+        return (s[1], s[0])
+
+    def onnx(self, node, e):
+        return e.op("Transpose", [e.x(node)], "transposed", perm=[0, 2, 1])
+
+    def forward(self, node, ctx):
+        A, B = node.inputs[0].shape
+        return [map_stores(ctx, "forward", ctx.batch * node.size,
+                           {"inp": ctx.x(0), "out": out(ctx.y)},
+                           [("out", f"inp[{transposed(A, B)}]", False)], vectors=False)]
+
+    def backward(self, node, ctx):
+        if not ctx.dx(0):
+            return []
+        A, B = node.inputs[0].shape
+        return [map_stores(ctx, "backward_input", ctx.batch * node.size,
+                           {"dout": ctx.dy, "dinp": out(ctx.dx(0), ctx.acc(0))},
+                           [("dinp", f"dout[{transposed(B, A)}]", ctx.acc(0))], vectors=False)]
