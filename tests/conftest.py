@@ -78,3 +78,41 @@ def pytest_runtest_makereport(item, call):
         plan_checks.FAILED = None
         report.sections.append(("fuzz corpus", f"the failing graph was written to {path}: "
                                                f"commit it as a regression case"))
+
+
+# The slow profile: checks that the README's test command leaves to `python -m pytest -q -m slow`,
+# which .ci/run runs as well (pyproject's addopts deselect them: `-m "not slow"`). Each entry is
+# a pattern of test ids (fnmatch) and why it is slow; a pattern that matches no test of a whole
+# run is an error, so an entry cannot go stale while the checks it names move away. Measured on
+# a 2-core Xeon with a cold kernel cache, the README command took 656 s with all of them in.
+SLOW = {
+    "tests/test_oclgrind.py::test_kernels_run_clean[[]*":
+        "every kernel family under Oclgrind, an interpreter: 210 s of test time together "
+        "(the two tests that prove the harness reports bad accesses stay in the main run)",
+    "tests/test_export.py::test_runner_matches_python_on_every_example[[]*":
+        "the C runner on every example: 68 s (the runner's own tests stay in the main run)",
+    "tests/test_kernel_forms.py::*[[]pocl-*":
+        "the kernel forms on PoCL, whose compiler is several times slower than Intel's: 60 s "
+        "(the same cases on Intel's runtime stay in the main run)",
+    "tests/test_readme_shell.py::test_readme_command[[]*benchmarks/*":
+        "the README's benchmark commands: 45 s",
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: in the slow profile (tests/conftest.py SLOW), "
+                                       "run by `python -m pytest -m slow` and .ci/run")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    import fnmatch
+    used = set()
+    for item in items:
+        for pattern in SLOW:
+            if fnmatch.fnmatchcase(item.nodeid, pattern):
+                item.add_marker(pytest.mark.slow)
+                used.add(pattern)
+    whole = not config.args or [os.path.normpath(a) for a in config.args] == ["tests"]
+    stale = [p for p in SLOW if p not in used]
+    if whole and stale and not config.getoption("keyword"):
+        raise pytest.UsageError(f"tests/conftest.py SLOW: no test matches {stale}")
