@@ -3,15 +3,18 @@
     python examples/forecast.py                    # synthetic daily series, ~30 s on 2 CPU cores
     python examples/forecast.py --csv sales.csv --date-column date --value-column sales
     python examples/forecast.py --steps 3000 --history 128 --horizon 28 --plot forecast.png
+    python examples/forecast.py --csv temps.csv --dropout 0.2 --weekday-embedding 4
     kilnet inspect examples/forecast.py            # the kernels this model compiles to
 
 Model: a window of ``--history`` past values (scaled) and their timestamps (a second graph
 input) → ``kn.mamba4cast_embedding`` (tanh projection + batch norm, joined with sin/cos
 harmonics of the timestamps at the series' seasonal periods) → a ``kn.multi_window_conv``
 encoder over time → a dense head with ``--horizon`` outputs, the whole forecast in one pass
-(no autoregression). kilnet has no transpose op, so the encoder runs over the embedding
-flattened to one row of history·width values with step = width: each output position is one
-time step, and a window of k·width values spans about k time steps with all their channels.
+(no autoregression). The encoder runs over the embedding flattened to one row of
+history·width values with step = width: each output position is one time step, and a window of
+k·width values spans k time steps with all their channels. ``--dropout P`` puts kn.dropout on
+the head's hidden layer; ``--weekday-embedding W`` joins each history step's day of the week
+(kn.embedding of 7 ids, width W) to its embedding.
 Targets are the next ``--horizon`` values minus the window's last value, divided by the training
 part's standard deviation (the forecast is rescaled back for the report).
 
@@ -85,42 +88,53 @@ def synthetic(n=1000, seed=0):
 
 
 def build_graph(history=64, horizon=14, width=16, periods=(7 * DAY, YEAR), filters=8,
-                windows_steps=(1, 3, 7)):
+                windows_steps=(1, 3, 7), dropout=0.0, weekday=0):
+    """``dropout``: kn.dropout(p) on the dense head's hidden layer; ``weekday``: each history
+    step's day of the week (a third input, ids 0..6, Monday 0) through kn.embedding(7,
+    weekday), joined to the step's embedding."""
     g = kn.Graph("forecast")
     x = g.input("history", (history, 1))
     t = g.input("times", (history,))
     e = kn.mamba4cast_embedding(x, t, width, list(periods))               # (history, width)
-    flat = kn.reshape(e, (1, history * width))
-    h = kn.multi_window_conv(flat, [k * width for k in windows_steps], filters, step=width,
+    if weekday:
+        e = kn.concat(e, kn.embedding(g.input("weekday", (history,)), 7, weekday))
+    per = width + weekday
+    flat = kn.reshape(e, (1, history * per))
+    h = kn.multi_window_conv(flat, [k * per for k in windows_steps], filters, step=per,
                              activation="softplus")                        # (1, history, 3·filters)
     h = kn.dense(h, 64, activation="tanh")
+    if dropout:
+        h = kn.dropout(h, dropout)
     g.output("forecast", kn.dense(h, horizon))
     return g
 
 
 def build_model(batch=32, lr=3e-3, seed=0, history=64, horizon=14, width=16,
-                periods=(7 * DAY, YEAR)):
+                periods=(7 * DAY, YEAR), dropout=0.0, weekday=0):
     """The compiled training model (used by ``kilnet inspect examples/forecast.py``)."""
-    return kn.compile(build_graph(history, horizon, width, periods), batch=batch,
+    return kn.compile(build_graph(history, horizon, width, periods, dropout=dropout,
+                                  weekday=weekday), batch=batch,
                       optimizer=kn.Adam(lr=lr), loss={"forecast": "mse"}, seed=seed)
 
 
-def windows(values, seconds, origins, history, horizon, scale):
-    """For each origin o (the first target index): scaled history, times, targets, last value."""
+def windows(values, seconds, origins, history, horizon, scale, weekday0=0):
+    """For each origin o (the first target index): scaled history, times, targets, last value,
+    and each history step's weekday (Monday 0; ``weekday0`` is the first value's)."""
     idx = np.asarray(origins)[:, None] + np.arange(-history, 0)[None, :]
     last = values[idx[:, -1]]
     x = ((values[idx] - last[:, None]) / scale)[..., None].astype(np.float32)
     t = seconds[idx].astype(np.float32)
     tgt_idx = np.asarray(origins)[:, None] + np.arange(horizon)[None, :]
     y = ((values[tgt_idx] - last[:, None]) / scale).astype(np.float32)
-    return x, t, y, last
+    wd = ((np.floor(seconds[idx] / DAY) + weekday0) % 7).astype(np.float32)
+    return x, t, y, last, wd
 
 
 class Batches:
     """``steps`` random batches of training windows for kn.fit (a length, so the bar has a total)."""
 
-    def __init__(self, x, t, y, steps, batch, seed):
-        self.x, self.t, self.y, self.steps, self.batch = x, t, y, steps, batch
+    def __init__(self, x, t, y, steps, batch, seed, wd=None):
+        self.x, self.t, self.y, self.steps, self.batch, self.wd = x, t, y, steps, batch, wd
         self.rng = np.random.default_rng(seed)
 
     def __len__(self):
@@ -129,7 +143,10 @@ class Batches:
     def __iter__(self):
         for _ in range(self.steps):
             idx = self.rng.choice(len(self.x), self.batch, replace=False)
-            yield {"history": self.x[idx], "times": self.t[idx]}, {"forecast": self.y[idx]}
+            feeds = {"history": self.x[idx], "times": self.t[idx]}
+            if self.wd is not None:
+                feeds["weekday"] = self.wd[idx]
+            yield feeds, {"forecast": self.y[idx]}
 
 
 def errors(pred, actual):
@@ -163,7 +180,7 @@ def plot(path, losses, seconds, values, origin, forecast, freq):
 def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=32,
           history=64, horizon=14, width=16, lr=3e-3, test_fraction=0.2, seed=0, log_every=100,
           plot_path=None, progress=True, quiet=False, series_length=1000, missing="interpolate",
-          na_values=()):
+          na_values=(), dropout=0.0, weekday=0):
     """Train and evaluate; returns a dict with the per-step losses and the report."""
     say = (lambda *a: None) if quiet else print
     min_rows = history + horizon + 2 * batch + horizon
@@ -181,9 +198,12 @@ def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=3
                    "drop": "rows with a missing value dropped"}[series.missing]
             filled = (series.filled, series.missing)
             columns += f"; {series.filled} {how}"
+        # Monday 0 (1970-01-01 was a Thursday)
+        weekday0 = int((series.times[0].astype("datetime64[D]").astype(np.int64) + 3) % 7)
     else:
         seconds, values, freq = synthetic(series_length, seed)
         source, columns = f"synthetic daily series ({len(values)} days)", ""
+        weekday0 = 0
     periods, season = freq.periods, freq.season
     n = len(values)
     if n < min_rows:
@@ -196,8 +216,10 @@ def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=3
         raise ValueError(f"series of {n} values too short for history {history}, horizon "
                          f"{horizon}, batch {batch} and test fraction {test_fraction}")
     scale = float(np.std(values[:test_start])) or 1.0
-    x_tr, t_tr, y_tr, _ = windows(values, seconds, train_origins, history, horizon, scale)
-    x_te, t_te, y_te, last_te = windows(values, seconds, test_origins, history, horizon, scale)
+    x_tr, t_tr, y_tr, _, wd_tr = windows(values, seconds, train_origins, history, horizon, scale,
+                                         weekday0)
+    x_te, t_te, y_te, last_te, wd_te = windows(values, seconds, test_origins, history, horizon,
+                                               scale, weekday0)
     gaps = f", {freq.gaps} gaps longer than 1.5 steps (kept)" if freq.gaps else ""
     say(f"data: {source}, {freq.label}, {n} values{columns}")
     say(f"season {season} steps, harmonics of {', '.join(_period(p) for p in periods)}{gaps}; "
@@ -206,19 +228,22 @@ def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=3
 
     t0 = time.perf_counter()
     model = build_model(batch=batch, lr=lr, seed=seed, history=history, horizon=horizon,
-                        width=width, periods=periods)
+                        width=width, periods=periods, dropout=dropout, weekday=weekday)
     say(f"compiled in {time.perf_counter() - t0:.1f} s: {len(model.steps['train_step'])} launches "
         "per training step")
 
-    hist = kn.fit(model, Batches(x_tr, t_tr, y_tr, steps, batch, seed), epochs=1,
+    hist = kn.fit(model, Batches(x_tr, t_tr, y_tr, steps, batch, seed, wd_tr if weekday else None),
+                  epochs=1,
                   progress=progress, desc="forecast")
     losses, elapsed = hist.losses, hist.seconds
     for end in range(log_every, steps + log_every, log_every):
         w = losses[end - log_every:min(end, steps)]
         say(f"step {min(end, steps):5d}  loss {sum(w) / len(w):.4f}")
 
-    pred = np.concatenate([model.forward({"history": x_te[i:i + batch], "times": t_te[i:i + batch]})["forecast"]
-                           for i in range(0, len(x_te), batch)])
+    def feeds(i):
+        f = {"history": x_te[i:i + batch], "times": t_te[i:i + batch]}
+        return dict(f, weekday=wd_te[i:i + batch]) if weekday else f
+    pred = np.concatenate([model.forward(feeds(i))["forecast"] for i in range(0, len(x_te), batch)])
     pred = pred * scale + last_te[:, None]
     actual = y_te * scale + last_te[:, None]
     naive = np.repeat(last_te[:, None], horizon, axis=1)
@@ -274,6 +299,10 @@ def main(argv=None):
     ap.add_argument("--test-fraction", type=float, default=0.2,
                     help="held-out tail of the series (default 0.2)")
     ap.add_argument("--seed", type=int, default=0, help="data, initialisation, sampling (default 0)")
+    ap.add_argument("--dropout", type=float, default=0.0, metavar="P",
+                    help="dropout with probability P on the dense head's hidden layer (default 0: none)")
+    ap.add_argument("--weekday-embedding", type=int, default=0, metavar="W",
+                    help="each history step's weekday through an embedding of width W (default 0: none)")
     ap.add_argument("--log-every", type=int, default=100, help="print the mean loss of every N steps after training (default 100)")
     ap.add_argument("--plot", metavar="PATH", help="write a PNG of the loss and a forecast vs actual")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -282,13 +311,16 @@ def main(argv=None):
         ap.error("--steps, --log-every, --history, --horizon must be >= 1, --batch >= 2")
     if not 0 < args.test_fraction < 1:
         ap.error("--test-fraction must be between 0 and 1")
+    if not 0 <= args.dropout < 1 or args.weekday_embedding < 0:
+        ap.error("--dropout must be in [0, 1) and --weekday-embedding >= 0")
     try:
         return train(args.csv, args.date_column, args.value_column, steps=args.steps,
                      batch=args.batch, history=args.history, horizon=args.horizon, width=args.width,
                      lr=args.lr, test_fraction=args.test_fraction, seed=args.seed,
                      log_every=args.log_every, plot_path=args.plot,
                      progress=not args.no_progress, missing=args.missing,
-                     na_values=args.na_value)
+                     na_values=args.na_value, dropout=args.dropout,
+                     weekday=args.weekday_embedding)
     except ValueError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
 

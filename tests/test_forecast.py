@@ -42,6 +42,24 @@ def test_tiny_run_learns_and_reports(fc, capsys, tmp_path):
         assert png.read_bytes()[:4] == b"\x89PNG" and f"wrote {png}" in out
 
 
+def test_dropout_and_a_weekday_embedding(fc, capsys):
+    """--dropout P and --weekday-embedding W: the graph holds them, the weekday input holds each
+    history step's day of the week (Monday 0), and a tiny run learns."""
+    g = fc.build_graph(history=16, horizon=7, width=8, dropout=0.3, weekday=3)
+    assert [n.op for n in g.nodes if n.op in ("dropout", "embedding")] == ["embedding", "dropout"]
+    assert g.inputs["weekday"].shape == (16,)
+    values = np.arange(40.0)
+    seconds = np.arange(40.0) * fc.DAY
+    *_, wd = fc.windows(values, seconds, [20, 21], 16, 7, 1.0, weekday0=5)
+    np.testing.assert_array_equal(wd[0], (np.arange(4, 20) + 5) % 7)
+    result = fc.main(["--steps", "40", "--batch", "8", "--history", "16", "--horizon", "7",
+                      "--width", "8", "--log-every", "20", "--lr", "1e-2", "--dropout", "0.2",
+                      "--weekday-embedding", "3", "--no-progress"])
+    losses = result["losses"]
+    assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:5]), (losses[:5], losses[-10:])
+    assert result["model"].plan.feeds.keys() == {"history", "times", "weekday"}
+
+
 def test_plot_writes_a_png_or_says_matplotlib_is_missing(fc, tmp_path):
     s, v, freq = fc.synthetic(60)
     args = (str(tmp_path / "p.png"), [1.0, 0.5, 0.25], s, v, 40, v[40:47] + 0.1, freq)
