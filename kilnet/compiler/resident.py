@@ -30,8 +30,11 @@ def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train, lanes):
         access = [a for _, _, a in template_args]
         body = render("resident", dict(consts, batch=batch, scalars=len(abi.STEP_SCALARS)), names_,
                       access).replace(PLACEHOLDER, name)
-        args = [Arg(2 * i, n, b, plan_buffers[b].role, a, plan_buffers[b].size,
-                    plan_buffers[b].offset) for i, (n, b, a) in enumerate(template_args)]
+        def buffer_arg(slot, n, use):
+            b, a = use
+            return Arg(slot, n, b, plan_buffers[b].role, a, plan_buffers[b].size,
+                       plan_buffers[b].offset)
+        args = abi.layout(names_, [(b, a) for _, b, a in template_args], buffer_arg, None)
         return body, extra, args
 
     gather_args = [(f"dst{i}", b, "out") for i, (b, _) in enumerate(fed)]

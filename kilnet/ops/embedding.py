@@ -39,7 +39,7 @@ class Embedding(Op):
     builder = embedding
 
     def infer(self, node):
-        vocab = int_attr(node, "vocab", node.attrs["vocab"])
+        int_attr(node, "vocab", node.attrs["vocab"])
         width = int_attr(node, "width", node.attrs["width"])
         ids = node.inputs[0]
         need(ids.op == "input", node, f"ids must be a graph input (g.input) holding integer ids, "

@@ -62,7 +62,7 @@ class Resident:
     ``model.train_steps``; compiler/resident.py), outside the plan's launch sequences: ``gather``
     before each step and ``record`` after it. Their arena arguments are ``Arg`` records as any
     launch's; after them each kernel takes the buffers of one upload, in the slots ``extra``
-    names (from slot ``2 * len(args)`` on):
+    names (from slot ``abi.width(args)`` on):
     - gather: ``src<i>`` (fed buffer i's samples, all of them), ``order`` (uint: the samples of
       each step's batch, a row per step), ``counters`` (uint: [0] the step within the run, [1]
       the steps so far whose loss was finite) and, for training, ``table`` (the optimizer's

@@ -171,10 +171,16 @@ def bind(k, args, mem, offset, real):
     by-value one its value (``real``: the plan's numpy dtype)."""
     for a in args:
         if a.kind == "arena":
-            k.set_arg(a.slot, mem(a))
-            k.set_arg(a.slot + 1, np.uint32(offset(a)))
+            bind_buffer(k, a, mem(a), offset(a))
         else:
             k.set_arg(a.slot, np.uint32(a.value) if a.type == UINT else real(a.value))
+
+
+def bind_buffer(k, a, mem, offset):
+    """Point buffer argument ``a`` of kernel ``k`` at element ``offset`` of ``mem`` (the
+    extents check points it at a guarded copy, then back)."""
+    k.set_arg(a.slot, mem)
+    k.set_arg(a.slot + 1, np.uint32(offset))
 
 
 def call_values(arg, pointer):

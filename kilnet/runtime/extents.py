@@ -22,6 +22,7 @@ bits as the plain run: tests compare the two (tests/plan_checks.py).
 import numpy as np
 
 from ..errors import MemoryCheckError
+from . import abi
 
 GUARD = 64
 # Signalling NaNs with a fixed payload: arithmetic only ever makes quiet NaNs, so a kernel cannot
@@ -69,8 +70,7 @@ def run(ex, launches):
                 host[guard:guard + n] = data
             mem = cl.Buffer(ex.ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
                             hostbuf=host)
-            k.set_arg(ptr.slot, mem)
-            k.set_arg(ptr.slot + 1, np.uint32(guard))
+            abi.bind_buffer(k, ptr, mem, guard)
             temps.append((ptr, mem, host, data))
         try:
             cl.enqueue_nd_range_kernel(queue, k, glob, loc)
@@ -89,8 +89,7 @@ def run(ex, launches):
                                     is_blocking=True)
         finally:
             for ptr, mem, host, data in temps:      # the launch's own arguments again
-                k.set_arg(ptr.slot, ex._mem(ptr.buffer))
-                k.set_arg(ptr.slot + 1, np.uint32(ex._offset(ptr.buffer) + ptr.start))
+                abi.bind_buffer(k, ptr, ex._mem(ptr.buffer), ex._offset(ptr.buffer) + ptr.start)
 
 
 def _check(launch, ptr, guard, sentinel, unwritten, after, data):
