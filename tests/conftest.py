@@ -84,7 +84,8 @@ def pytest_runtest_makereport(item, call):
 # which .ci/run runs as well (pyproject's addopts deselect them: `-m "not slow"`). Each entry is
 # a pattern of test ids (fnmatch) and why it is slow; a pattern that matches no test of a whole
 # run is an error, so an entry cannot go stale while the checks it names move away. Measured on
-# a 2-core Xeon with a cold kernel cache, the README command took 656 s with all of them in.
+# a 2-core Xeon with a cold kernel cache, the README command took 656 s with all of them in,
+# and 486 s from a fresh clone and venv without the first four.
 SLOW = {
     "tests/test_oclgrind.py::test_kernels_run_clean[[]*":
         "every kernel family under Oclgrind, an interpreter: 210 s of test time together "
@@ -96,6 +97,11 @@ SLOW = {
         "(the same cases on Intel's runtime stay in the main run)",
     "tests/test_readme_shell.py::test_readme_command[[]*benchmarks/*":
         "the README's benchmark commands: 45 s",
+    "tests/test_readme_shell.py::test_readme_command[[]*KILNET_DEVICE=pocl*":
+        "the README's PoCL runs of the examples: 9 s",
+    "tests/test_export.py::test_runner_and_mql5_*[[]gpu[]]":
+        "the GPU kernel form of the new ops' bundles through the runner: 15 s (their CPU form "
+        "stays in the main run)",
 }
 
 
