@@ -97,6 +97,18 @@ def elem_like():
     return g, {"y": "mse"}, kn.Adam(lr=1e-2), feeds, targets
 
 
+def lstm_like():
+    """The LSTM: the recurrence a work-group per sample inside one phase, forward and backward,
+    and the products around it."""
+    g = kn.Graph("lstm_like")
+    x = g.input("x", (5, 3))
+    g.output("y", kn.dense(kn.lstm(kn.lstm(x, 6), 4, sequences=False), 3))
+    rng = np.random.default_rng(7)
+    feeds = lambda n: {"x": rng.standard_normal((n, 5, 3))}
+    targets = lambda n: {"y": rng.standard_normal((n, 3))}
+    return g, {"y": "mse"}, kn.Adam(lr=1e-2), feeds, targets
+
+
 MODELS = {"qnet_like": qnet_like, "gte_like": gte_like, "series_like": series_like,
           "wide_loss": wide_loss, "drop_like": drop_like, "norm_pool_like": norm_pool_like,
-          "elem_like": elem_like}
+          "elem_like": elem_like, "lstm_like": lstm_like}

@@ -19,7 +19,7 @@ ACTS = [None] + sorted(kn.ACTIVATIONS)
 OPS = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "concat", "add_norm",
        "reshape", "multi_window_conv", "graph_conv", "graph_attention", "batchnorm_stream",
        "gte_block", "dropout", "embedding", "layer_norm", "pool1d", "add", "mul", "transpose",
-       "position_encoding"]
+       "position_encoding", "lstm"]
 
 
 class Choices:
@@ -94,6 +94,11 @@ def build(c, max_ops=5, second_input=True):
                           step=c.integer(1, 3), activation=c.pick(ACTS))
         elif op == "activation":
             y = kn.activation(x, c.pick(ACTS[1:]))
+        elif op == "lstm":
+            if len(x.shape) != 2:      # make it (steps, channels) first
+                x = kn.reshape(x, (-1, c.pick(divisors(x.size))))
+                values.append(x)
+            y = kn.lstm(x, c.pick(SIZES), sequences=c.boolean())
         elif op == "dropout":
             y = kn.dropout(x, c.pick([0.0, 0.3, 0.5]))
         elif op == "batchnorm":

@@ -374,6 +374,27 @@ OPS.update({
 })
 
 
+
+def lstm(x, w_ih, w_hh, b_ih, b_hh, sequences=True):
+    """nn.LSTM (one layer, zero initial state) over x (B, T, C): (B, T, H) or (B, H)."""
+    x = f64(x)
+    B, T, _ = x.shape
+    H = len(w_hh[0])
+    h, c, hs = np.zeros((B, H)), np.zeros((B, H)), []
+    for t in range(T):
+        z = x[:, t] @ f64(w_ih).T + f64(b_ih) + h @ f64(w_hh).T + f64(b_hh)
+        i, f, g, o = sigmoid(z[:, :H]), sigmoid(z[:, H:2 * H]), np.tanh(z[:, 2 * H:3 * H]), \
+            sigmoid(z[:, 3 * H:])
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        hs.append(h)
+    return np.stack(hs, 1) if sequences else h
+
+
+OPS["lstm"] = lambda n, xs, P, t: lstm(xs[0], *(P[f"{n.name}.{k}"] for k in
+                                               ("weight_ih", "weight_hh", "bias_ih", "bias_hh")),
+                                       n.attrs["sequences"])
+
 def interpret(graph, P, feeds, training, at=None):
     """Every output of ``graph``, batched, in float64, from the table of ops above (``OPS``, by
     op name). ``P`` maps parameter (and state) names to arrays; batch norm uses batch statistics

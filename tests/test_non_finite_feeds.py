@@ -74,6 +74,13 @@ def _streaming():
     return g, "mse"
 
 
+def _lstm():
+    g = kn.Graph("lstm")
+    x = g.input("x", (4, 3))
+    g.output("y", kn.dense(kn.lstm(kn.activation(x, "relu"), 5, sequences=False), 2))
+    return g, "mse"
+
+
 def _dropout():
     g = kn.Graph("dropout")
     x = g.input("x", (6,))
@@ -93,7 +100,7 @@ def _embedding():
 
 MODELS = {**{f"act_{k}": (lambda k=k: _act_model(k)) for k in ACTIVATIONS},
           "trader": _trader, "windows": _windows, "attention": _attention, "times": _times,
-          "streaming": _streaming, "dropout": _dropout, "embedding": _embedding}
+          "streaming": _streaming, "dropout": _dropout, "lstm": _lstm, "embedding": _embedding}
 
 
 def _norm_pool():

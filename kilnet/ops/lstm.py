@@ -1,0 +1,126 @@
+"""lstm(x, hidden, sequences=True): one unidirectional LSTM layer with PyTorch's nn.LSTM maths,
+parameter names and layouts, (T, C) -> (T, hidden), or (hidden,) with ``sequences=False``.
+
+Per step t (x_t the row t): gates = W_ih·x_t + b_ih + W_hh·h_{t−1} + b_hh, split into
+i, f, g, o (PyTorch's order); i, f, o = σ(·), g = tanh(·); c_t = f⊙c_{t−1} + i⊙g;
+h_t = o⊙tanh(c_t); h_{−1} = c_{−1} = 0 in every sample. Parameters ``weight_ih`` (4·hidden, C),
+``weight_hh`` (4·hidden, hidden), ``bias_ih``, ``bias_hh`` (4·hidden,), all uniform in
+±1/√hidden as nn.LSTM starts them. Training backpropagates through every step.
+
+Kernels: the input part of every gate for all T steps is one product over the B·T rows
+(kernels/gemm.py ``linear``); the recurrence is one launch (templates/lstm.cl.j2) in which a
+work-group per sample walks the T steps in order, a barrier between the phases of a step, and
+backward one more walking them in reverse, writing ∂L/∂gates for every step; then the products
+of ``linear_backward`` give dx and dW_ih from those rows, and dW_hh from the rows of h_{t−1} that
+forward kept. The recurrence is inside one launch, so a plan has no T copies of a kernel and the
+plan kernel no T phases (its cost is T dependent steps inside the work-group, each a matrix-
+vector product of W_hh by h and two barriers). The work-group holds h_{t−1} and the step's 4·hidden
+gate values in local memory.
+
+ONNX: the same maths in plain operators, unrolled over T (Gemm of the input part, then per step
+MatMul by W_hhᵀ, Sigmoid/Tanh, Mul/Add), which every runtime runs; ONNX's own LSTM operator
+orders its gates i, o, f, c and is not used.
+"""
+from ..graph import graph_of
+from ..kernels.base import GraphError, Op, Param, int_attr, need, out, register, kernel
+from ..kernels.gemm import linear, linear_backward
+
+LOCAL_BYTES = 32 * 1024       # the work-group's h and gates must fit the smallest local memory
+
+
+def lstm(x, hidden, sequences=True, name=None):
+    """One LSTM layer (nn.LSTM's maths and parameters) over the rows of x: (T, C) -> (T, hidden),
+    or (hidden,), the last step's h, with ``sequences=False``."""
+    return graph_of(x, "lstm").add("lstm", [x], {"hidden": hidden, "sequences": sequences}, name)
+
+
+@register
+class LSTM(Op):
+    kind = "lstm"
+    builder = lstm
+
+    def infer(self, node):
+        H = int_attr(node, "hidden", node.attrs["hidden"])
+        need(isinstance(node.attrs["sequences"], bool), node,
+             f"sequences must be True or False, got {node.attrs['sequences']!r}", GraphError)
+        shape = node.inputs[0].shape
+        need(len(shape) == 2, node, f"input {node.inputs[0].name!r} must be (steps, channels), "
+             f"got shape {shape}")
+        need(5 * H * 8 <= LOCAL_BYTES or 5 * H * 4 <= LOCAL_BYTES, node,
+             f"hidden {H} needs {5 * H} reals of local memory per work-group; at most "
+             f"{LOCAL_BYTES // 4 // 5} (float32) fit", GraphError)
+        return (shape[0], H) if node.attrs["sequences"] else (H,)
+
+    def params(self, node):
+        H, C = node.attrs["hidden"], node.inputs[0].shape[1]
+        return [Param("weight_ih", (4 * H, C), "uniform", H),
+                Param("weight_hh", (4 * H, H), "uniform", H),
+                Param("bias_ih", (4 * H,), "uniform", H),
+                Param("bias_hh", (4 * H,), "uniform", H)]
+
+    def _sizes(self, node, ctx):
+        (T, C), H = node.inputs[0].shape, node.attrs["hidden"]
+        item = 8 if ctx.ctype == "double" else 4
+        need(5 * H * item <= LOCAL_BYTES, node, f"hidden {H} needs {5 * H * item} bytes of local "
+             f"memory per work-group in {ctx.ctype}; at most {LOCAL_BYTES}", GraphError)
+        return T, C, H
+
+    def _recurrence(self, node, ctx, step, mode, bufs, T, H):
+        L = ctx.schedule(step, "group", items=4 * H).local[0]
+        consts = dict(mode=mode, T=T, H=H, L=L, seq=node.attrs["sequences"], train=ctx.training)
+        return kernel(step, "lstm", consts, bufs, (ctx.batch * L,), (L,))
+
+    def forward(self, node, ctx):
+        T, C, H = self._sizes(node, ctx)
+        rows = ctx.batch * T
+        gx = ctx.scratch("gx", rows * 4 * H)
+        ks = linear(ctx, "forward_input", rows=rows, n_in=C, n_out=4 * H, x=ctx.x(0),
+                    weight=ctx.p("weight_ih"), out=gx, bias=ctx.p("bias_ih"))
+        bufs = {"gx": gx, "whh": ctx.p("weight_hh"), "bhh": ctx.p("bias_hh"),
+                "cs": out(ctx.scratch("c", rows * H))}
+        if ctx.training:
+            bufs["acts"] = out(ctx.scratch("acts", rows * 4 * H))
+            bufs["hprev"] = out(ctx.scratch("hprev", rows * H))
+        bufs["out"] = out(ctx.y)
+        return ks + [self._recurrence(node, ctx, "forward", "forward", bufs, T, H)]
+
+    def backward(self, node, ctx):
+        T, C, H = self._sizes(node, ctx)
+        rows = ctx.batch * T
+        dgates = ctx.scratch("dgates", rows * 4 * H)
+        bufs = {"dout": ctx.dy, "whh": ctx.p("weight_hh"), "acts": ctx.scratch("acts", rows * 4 * H),
+                "cs": ctx.scratch("c", rows * H), "dgates": out(dgates),
+                "dcn": out(ctx.scratch("dc", ctx.batch * H))}
+        ks = [self._recurrence(node, ctx, "backward", "backward", bufs, T, H)]
+        ks += linear_backward(ctx, "_ih", rows=rows, n_in=C, n_out=4 * H, dz=dgates, x=ctx.x(0),
+                              weight=ctx.p("weight_ih"), dweight=ctx.dp("weight_ih"),
+                              dbias=ctx.dp("bias_ih"), dx=ctx.dx(0), accumulate=ctx.acc(0))
+        ks += linear_backward(ctx, "_hh", rows=rows, n_in=H, n_out=4 * H, dz=dgates,
+                              x=ctx.scratch("hprev", rows * H), weight=ctx.p("weight_hh"),
+                              dweight=ctx.dp("weight_hh"), dbias=ctx.dp("bias_hh"))
+        return ks
+
+    def onnx(self, node, e):
+        (T, C), H = node.inputs[0].shape, node.attrs["hidden"]
+        x = e.x(node)                                                       # (N, T, C)
+        gx = e.reshape(e.linear(e.rows(x, C, "rows"), e.param(node, "weight_ih"),
+                                e.param(node, "bias_ih")), (T, 4 * H), "gx")  # (N, T, 4H)
+        whh_t = e.op("Transpose", [e.param(node, "weight_hh")], "whh_t", perm=[1, 0])
+        bhh = e.param(node, "bias_hh")
+        h = c = None
+        hs = []
+        for t in range(T):
+            g = e.op("Gather", [gx, e.ints([t], f"t{t}")], f"gx{t}", axis=1)   # (N, 1, 4H)
+            g = e.op("Add", [e.reshape(g, (4 * H,), f"gx{t}_flat"), bhh])
+            if h is not None:
+                g = e.op("Add", [g, e.op("MatMul", [h, whh_t])])
+            parts = e.op("Split", [g, e.ints([H] * 4, "split")], f"gates{t}", outputs=4, axis=1)
+            i, f, gg, o = (e.op("Tanh" if k == 2 else "Sigmoid", [p]) for k, p in enumerate(parts))
+            ig = e.op("Mul", [i, gg])
+            c = ig if c is None else e.op("Add", [e.op("Mul", [f, c]), ig])
+            h = e.op("Mul", [o, e.op("Tanh", [c])], f"h{t}")
+            hs.append(h)
+        if not node.attrs["sequences"]:
+            return h
+        return e.op("Concat", [e.op("Unsqueeze", [v, e.ints([1], "axis")]) for v in hs], "hs",
+                    axis=1)
