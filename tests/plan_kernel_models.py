@@ -109,6 +109,20 @@ def lstm_like():
     return g, {"y": "mse"}, kn.Adam(lr=1e-2), feeds, targets
 
 
+def attn_like():
+    """self_attention (issue 46), causal and not: the staged attention kernels of one key set.
+    (One attention straight into another, graph_attention's as well, makes a GPU-form plan
+    kernel that Oclgrind cannot create: LLVM's llvm.bitreverse.i2, which it lacks.)"""
+    g = kn.Graph("attn_like")
+    x = g.input("x", (7, 4))
+    h = kn.self_attention(kn.add(kn.self_attention(x, 3, 2, causal=True), x), 1, 3)
+    g.output("y", kn.dense(h, 4))
+    rng = np.random.default_rng(6)
+    feeds = lambda n: {"x": rng.standard_normal((n, 7, 4))}
+    targets = lambda n: {"y": rng.standard_normal((n, 4))}
+    return g, {"y": "mse"}, kn.Adam(lr=1e-2), feeds, targets
+
+
 MODELS = {"qnet_like": qnet_like, "gte_like": gte_like, "series_like": series_like,
           "wide_loss": wide_loss, "drop_like": drop_like, "norm_pool_like": norm_pool_like,
-          "elem_like": elem_like, "lstm_like": lstm_like}
+          "elem_like": elem_like, "lstm_like": lstm_like, "attn_like": attn_like}

@@ -19,7 +19,7 @@ ACTS = [None] + sorted(kn.ACTIVATIONS)
 OPS = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "concat", "add_norm",
        "reshape", "multi_window_conv", "graph_conv", "graph_attention", "batchnorm_stream",
        "gte_block", "dropout", "embedding", "layer_norm", "pool1d", "add", "mul", "transpose",
-       "position_encoding", "lstm"]
+       "position_encoding", "lstm", "self_attention"]
 
 
 class Choices:
@@ -61,8 +61,8 @@ def build(c, max_ops=5, second_input=True):
     for _ in range(c.integer(1, max_ops)):
         x = c.pick(values)
         op = c.pick(ops)
-        if op in ("multi_window_conv", "graph_conv", "graph_attention", "gte_block") and \
-                len(x.shape) != 2:
+        if op in ("multi_window_conv", "graph_conv", "graph_attention", "gte_block",
+                  "self_attention") and len(x.shape) != 2:
             x = kn.reshape(x, (-1, c.pick(divisors(x.size))))     # (units, width)
             values.append(x)
         if op == "embedding":        # its ids: an input of their own, read by embeddings only
@@ -81,6 +81,8 @@ def build(c, max_ops=5, second_input=True):
                 adjacency = np.random.default_rng(c.integer(0, 3)).random((U, U)) < 0.4
             f = kn.graph_attention if op == "graph_attention" else kn.gte_block
             y = f(x, c.integer(1, 2), c.integer(1, 3), adjacency)
+        elif op == "self_attention":
+            y = kn.self_attention(x, c.integer(1, 2), c.integer(1, 3), causal=c.boolean())
         elif op == "batchnorm_stream":
             y = kn.batchnorm(x, activation=c.pick(ACTS), streaming=c.pick([1, 2, 5]))
         elif op == "dense":

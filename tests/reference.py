@@ -508,3 +508,22 @@ def pool1d(x, window, step=None, kind="max"):
 OPS["layer_norm"] = lambda n, xs, P, t: layer_norm(xs[0], P[f"{n.name}.gamma"], P[f"{n.name}.beta"],
                                                    n.attrs["eps"])
 OPS["pool1d"] = lambda n, xs, P, t: pool1d(xs[0], n.attrs["window"], n.attrs["step"], n.attrs["kind"])
+
+
+def self_attention(x, P, prefix, heads, key_dim, causal=False):
+    """docs/DESIGN.md: per head, A = softmax over keys of Q_h·K_hᵀ/√key_dim (keys k > q
+    excluded when causal); O = [A·V_h of every head]; out = O·W_outᵀ + b_out. x (B, U, W)."""
+    x = f64(x)
+    B, U, W = x.shape
+    proj = {}
+    for p in "qkv":
+        y = x @ f64(P[f"{prefix}.{p}.weight"]).T + f64(P[f"{prefix}.{p}.bias"])
+        proj[p] = y.reshape(B, U, heads, key_dim).transpose(0, 2, 1, 3)        # (B, H, U, dk)
+    S = proj["q"] @ proj["k"].transpose(0, 1, 3, 2) / np.sqrt(key_dim)        # (B, H, U, U)
+    keys = np.tril(np.ones((U, U), bool)) if causal else np.ones((U, U), bool)
+    O = (masked_softmax(S, keys) @ proj["v"]).transpose(0, 2, 1, 3).reshape(B, U, heads * key_dim)
+    return O @ f64(P[f"{prefix}.out.weight"]).T + f64(P[f"{prefix}.out.bias"])
+
+
+OPS["self_attention"] = lambda n, xs, P, t: self_attention(
+    xs[0], P, n.name, n.attrs["heads"], n.attrs["key_dim"], n.attrs["causal"])

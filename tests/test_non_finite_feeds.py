@@ -128,6 +128,18 @@ def _elementwise():
 MODELS["elementwise"] = _elementwise
 
 
+def _self_attention():
+    """self_attention on the feed (issue 46), causal, and then non-causal on its relu."""
+    g = kn.Graph("self_attention")
+    x = g.input("x", (5, 3))
+    h = kn.self_attention(kn.activation(kn.self_attention(x, 2, 2, causal=True), "relu"), 1, 3)
+    g.output("y", kn.dense(h, 2))
+    return g, "mse"
+
+
+MODELS["self_attention"] = _self_attention
+
+
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def model(request):
     g, loss = MODELS[request.param]()

@@ -31,6 +31,9 @@ memory and never stores it (Σ_j A_qj·dA_qj = dO_q·O_q); else (larger heads) a
 the GEMM dA_set = dO_set·Vᵀ; GEMMs batched over
 (sample, head) for dQ = dS·K, dK = dSᵀ·Q and dV = Σ_set A_setᵀ·dO_set; then the projections'
 weight and bias gradients, and dx as the sum of the three input products.
+self_attention (kilnet/ops/self_attention.py) is this op with one key set (every key, or keys
+k <= q when causal): the class and the template take ``SETS`` sets, each with its membership
+rule (``_rule``, ``_masks``), its P block and its columns of O.
 
 Departures from the article (GTEFeedForward / GTEInsideGradients / CNeuronGTE): K is read at its
 own offset (the article's ``shift_k`` lacks the key_dim factor and reads K from the Q block);
@@ -99,8 +102,12 @@ def _edges(node, adjacency, U):
 
 @register
 class GraphAttention(Op):
+    """Also the shared attention machinery of self_attention (kilnet/ops/self_attention.py):
+    ``SETS`` key sets per query, each with its own softmax, whose outputs lie side by side in O;
+    ``_masks`` (ONNX) and ``_rule`` (the kernels) say which keys each set holds."""
     kind = "graph_attention"
     builder = graph_attention
+    SETS = 2                   # connected, not connected
 
     def infer(self, node):
         a = node.attrs
@@ -121,25 +128,17 @@ class GraphAttention(Op):
 
     def params(self, node):
         H, DK, W = node.attrs["heads"], node.attrs["key_dim"], node.inputs[0].shape[1]
-        HD = H * DK
+        HD, SHD = H * DK, self.SETS * H * DK
         ps = []
         for p in ("q", "k", "v"):
             ps += [Param(f"{p}.weight", (HD, W), "uniform", W), Param(f"{p}.bias", (HD,), "uniform", W)]
-        return ps + [Param("out.weight", (W, 2 * HD), "uniform", 2 * HD),
-                     Param("out.bias", (W,), "uniform", 2 * HD)]
+        return ps + [Param("out.weight", (W, SHD), "uniform", SHD),
+                     Param("out.bias", (W,), "uniform", SHD)]
 
-    def onnx(self, node, e):
-        """Q, K, V and ``out`` as Gemms on the (N·U, ·) rows (the weights as stored, transB);
-        S = Q·Kᵀ·(1/√dk) per (sample, head) as MatMul on (N, H, U, dk) blocks; both sets'
-        softmaxes at once on S broadcast against a constant (2, 1, U, U) mask (set 0 connected,
-        set 1 not connected, the diagonal in both), as the kernel does them: the set's maximum
-        subtracted, exp, keys outside the set replaced by exactly 0 (Where after the Exp, so a
-        runtime whose Exp of -inf is not exactly 0 changes nothing), times 1/sum (every row has
-        its diagonal, so each sum is >= 1); O = A·V as (N, 2, H, U, dk), laid out per unit as
-        [set][head][dk] for ``out``."""
-        U, W = node.inputs[0].shape
-        H, DK = node.attrs["heads"], node.attrs["key_dim"]
-        HD = H * DK
+    def _masks(self, node):
+        """(sets, U, U) bools: key k in query q's set s (set 0 connected, set 1 not connected,
+        the diagonal in both)."""
+        U = node.inputs[0].shape[0]
         adj = node.attrs["adjacency"]
         if adj is None:
             i = np.arange(U)
@@ -149,7 +148,20 @@ class GraphAttention(Op):
             for q, key in adj["edges"]:
                 con[q, key] = True
         eye = np.eye(U, dtype=bool)
-        masks = np.stack([con | eye, ~con | eye])[:, None]            # (2, 1, U, U)
+        return np.stack([con | eye, ~con | eye])
+
+    def onnx(self, node, e):
+        """Q, K, V and ``out`` as Gemms on the (N·U, ·) rows (the weights as stored, transB);
+        S = Q·Kᵀ·(1/√dk) per (sample, head) as MatMul on (N, H, U, dk) blocks; every set's
+        softmax at once on S broadcast against a constant (sets, 1, U, U) mask (``_masks``), as
+        the kernel does them: the set's maximum subtracted, exp, keys outside the set replaced
+        by exactly 0 (Where after the Exp, so a runtime whose Exp of -inf is not exactly 0
+        changes nothing), times 1/sum (every row has its diagonal, so each sum is >= 1);
+        O = A·V as (N, sets, H, U, dk), laid out per unit as [set][head][dk] for ``out``."""
+        U, W = node.inputs[0].shape
+        H, DK = node.attrs["heads"], node.attrs["key_dim"]
+        SHD = self.SETS * H * DK
+        masks = self._masks(node)[:, None]                            # (sets, 1, U, U)
 
         rows = e.rows(e.x(node), W)                                   # (N·U, W)
         qkv = {}
@@ -163,15 +175,15 @@ class GraphAttention(Op):
         mask = e.const(masks, "mask", np.bool_)
         lowest = e.scalar(-np.inf, "minus_inf")
         m = e.op("ReduceMax", [e.op("Where", [mask, s, lowest], "in_set")], "set_max",
-                 axes=[-1], keepdims=1)                               # (N, 2, H, U, 1)
+                 axes=[-1], keepdims=1)                               # (N, sets, H, U, 1)
         ex = e.op("Exp", [e.op("Sub", [s, m], "shifted")], "exp")
-        ex = e.op("Where", [mask, ex, e.scalar(0.0, "zero")], "exp_set")     # (N, 2, H, U, U)
+        ex = e.op("Where", [mask, ex, e.scalar(0.0, "zero")], "exp_set")     # (N, sets, H, U, U)
         total = e.op("ReduceSum", [ex, e.ints([-1], "key_axis")], "set_sum", keepdims=1)
         a = e.op("Mul", [ex, e.op("Reciprocal", [total], "inv_sum")], "probs")
         o = e.op("MatMul", [a, e.op("Unsqueeze", [qkv["v"], e.ints([1], "v_axis")], "v_sets")],
-                 "o_sets")                                            # (N, 2, H, U, dk)
-        o = e.op("Transpose", [o], "o_t", perm=[0, 3, 1, 2, 4])       # (N, U, 2, H, dk)
-        o = e.rows(o, 2 * HD, "o_rows")                                # (N·U, 2·H·dk)
+                 "o_sets")                                            # (N, sets, H, U, dk)
+        o = e.op("Transpose", [o], "o_t", perm=[0, 3, 1, 2, 4])       # (N, U, sets, H, dk)
+        o = e.rows(o, SHD, "o_rows")                                   # (N·U, sets·H·dk)
         y = e.linear(o, e.param(node, "out.weight"), e.param(node, "out.bias"), "out")  # (N·U, W)
         return e.reshape(y, (U, W), "y")
 
@@ -180,16 +192,15 @@ class GraphAttention(Op):
         H, DK = node.attrs["heads"], node.attrs["key_dim"]
         return ctx.batch, U, W, H, DK, H * DK
 
-    def _consts(self, node, ctx, mode):
-        B, U, W, H, DK, HD = self._dims(node, ctx)
+    def _rule(self, node, U):
+        """Which keys each set holds, for the forward kernel: (words, bits, member, vmember).
+        member: per set, whether key k is in query q's set, as C; vmember: the same of the key
+        vector kv as lane masks, where the mask is arithmetic (else None: lane by lane from
+        member); words, bits: a __constant bit mask ``adj_bits`` of U·words uints (words 0:
+        none)."""
         adj = node.attrs["adjacency"]
-        words, bits = 0, ""
-        # connected: whether key k is in query q's connected set, as C; vconnected: the same of
-        # the key vector kv as lane masks, where the mask is arithmetic (else None: lane by lane)
-        vconnected = "(ivec)(0)"
-        if mode != "forward":          # only the forward kernel reads the mask
-            connected = "0"
-        elif adj is None:
+        words, bits, vconnected = 0, "", "(ivec)(0)"
+        if adj is None:
             connected = "(k - q == 1 || q - k == 1)"
             vconnected = "((kv - q == 1) | (q - kv == 1))"
         elif not adj["edges"]:
@@ -202,11 +213,21 @@ class GraphAttention(Op):
             bits = ", ".join(f"{int(v):#x}u" for v in mask.reshape(-1))
             connected = f"(int)((adj_bits[q * {words} + (k >> 5)] >> (k & 31)) & 1u)"
             vconnected = None
+        member = [f"({connected}) || k == q", f"!({connected}) || k == q"]
+        vmember = vconnected and [f"({vconnected}) | (kv == q)", f"~({vconnected}) | (kv == q)"]
+        return words, bits, member, vmember
+
+    def _consts(self, node, ctx, mode):
+        B, U, W, H, DK, HD = self._dims(node, ctx)
+        # only the forward kernel reads the sets
+        words, bits, member, vmember = (self._rule(node, U) if mode == "forward"
+                                        else (0, "", ["1"] * self.SETS, None))
         item = itemsize(ctx.ctype)
-        # forward stages Q, K and V; backward V and both sets' dO
+        # forward stages Q, K and V; backward V and every set's dO
         staged = ctx.target.kind == "gpu" and 3 * U * DK * item <= STAGE_BYTES
-        return dict(mode=mode, B=B, U=U, H=H, DK=DK, scale=repr(1.0 / math.sqrt(DK)),
-                    words=words, bits=bits, connected=connected, vconnected=vconnected,
+        return dict(mode=mode, B=B, U=U, H=H, DK=DK, sets=self.SETS,
+                    scale=repr(1.0 / math.sqrt(DK)),
+                    words=words, bits=bits, member=member, vmember=vmember,
                     staged=staged,
                     VW=vector_width(ctx.target, ctx.ctype),
                     fma=ctx.target.kind == "cpu" and cpu_products(ctx.target).fma,
@@ -229,24 +250,23 @@ class GraphAttention(Op):
     def _buffers(self, node, ctx):
         B, U, W, H, DK, HD = self._dims(node, ctx)
         s = {n: ctx.scratch(n, B * U * HD) for n in ("q", "k", "v")}
-        s["o"] = ctx.scratch("o", B * U * 2 * HD)
-        s["p"] = ctx.scratch("p", 2 * B * H * U * U)
+        s["o"] = ctx.scratch("o", B * U * self.SETS * HD)
+        s["p"] = ctx.scratch("p", self.SETS * B * H * U * U)
         return s
 
-    @staticmethod
-    def _rows_of(B, U, H, DK, sets):
+    def _rows_of(self, B, U, H, DK, sets):
         """For products over z = (set, sample, head), ``sets`` of them: the index of element
         (unit, column) of head h's block in Q, K or V (rows of H·DK), and in O or dO (rows of
-        2·H·DK: each set's heads)."""
-        HD, BH = H * DK, B * H
+        SETS·H·DK: each set's heads)."""
+        HD, BH, SHD = H * DK, B * H, self.SETS * H * DK
         sample, head, part = (b // H if sets == 1 else (b % BH) // H), b % H, b // BH
         return (lambda unit, col: sample * (U * HD) + unit * HD + head * DK + col,
-                lambda unit, col: sample * (U * 2 * HD) + unit * (2 * HD) + part * HD
+                lambda unit, col: sample * (U * SHD) + unit * SHD + part * HD
                 + head * DK + col)
 
     def forward(self, node, ctx):
         B, U, W, H, DK, HD = self._dims(node, ctx)
-        s, R = self._buffers(node, ctx), B * U
+        s, R, S = self._buffers(node, ctx), B * U, self.SETS
         ks = linears(ctx, "forward_qkv", [(f"forward_{p}", ctx.p(f"{p}.weight"), s[p],
                                             ctx.p(f"{p}.bias")) for p in ("q", "k", "v")],
                      rows=R, n_in=W, n_out=HD, x=ctx.x(0))
@@ -263,22 +283,22 @@ class GraphAttention(Op):
                        c_idx=b * (U * U) + m * U + n, a_kfast=True, b_nfast=False)
             ks.append(self._attention(node, ctx, "forward_attention", "forward",
                                       {"P": inout(s["p"])}))
-            qkv, o = self._rows_of(B, U, H, DK, 2)
-            ks += gemm(ctx, "forward_values", M=U, N=DK, K=U, batch=2 * B * H, a=s["p"],
+            qkv, o = self._rows_of(B, U, H, DK, S)
+            ks += gemm(ctx, "forward_values", M=U, N=DK, K=U, batch=S * B * H, a=s["p"],
                        w=s["v"], out=s["o"], a_idx=b * (U * U) + m * U + k, b_idx=qkv(k, n),
                        c_idx=o(m, n), a_kfast=True, b_nfast=True)
-        ks += linear(ctx, "forward_out", rows=R, n_in=2 * HD, n_out=W, x=s["o"],
+        ks += linear(ctx, "forward_out", rows=R, n_in=S * HD, n_out=W, x=s["o"],
                      weight=ctx.p("out.weight"), out=ctx.y, bias=ctx.p("out.bias"))
         return ks
 
     def backward(self, node, ctx):
         B, U, W, H, DK, HD = self._dims(node, ctx)
-        s, R = self._buffers(node, ctx), B * U
-        do = ctx.scratch("do", R * 2 * HD)
+        s, R, S = self._buffers(node, ctx), B * U, self.SETS
+        do = ctx.scratch("do", R * S * HD)
         ds = ctx.scratch("ds", B * H * U * U)
         d = {p: ctx.scratch(f"d{p}", R * HD) for p in ("q", "k", "v")}
         # out: dO = dY·W_out, dW_out = dYᵀ·O, db_out = Σ dY
-        ks = linear_backward(ctx, "_out", rows=R, n_in=2 * HD, n_out=W, dz=ctx.dy, x=s["o"],
+        ks = linear_backward(ctx, "_out", rows=R, n_in=S * HD, n_out=W, dz=ctx.dy, x=s["o"],
                              weight=ctx.p("out.weight"), dweight=ctx.dp("out.weight"),
                              dbias=ctx.dp("out.bias"), dx=do)
         if self._consts(node, ctx, "backward_scores")["staged"]:
@@ -290,9 +310,9 @@ class GraphAttention(Op):
                                        "dS": out(ds)}))
         else:
             # dA_set = dO_set·Vᵀ per (set, sample, head) = z, then the rows' dS.
-            qkv, o = self._rows_of(B, U, H, DK, 2)
-            da = ctx.scratch("da", 2 * B * H * U * U)
-            ks += gemm(ctx, "backward_probs", M=U, N=U, K=DK, batch=2 * B * H, a=do, w=s["v"],
+            qkv, o = self._rows_of(B, U, H, DK, S)
+            da = ctx.scratch("da", S * B * H * U * U)
+            ks += gemm(ctx, "backward_probs", M=U, N=U, K=DK, batch=S * B * H, a=do, w=s["v"],
                        out=da, a_idx=o(m, k), b_idx=qkv(n, k), c_idx=b * (U * U) + m * U + n,
                        a_kfast=True, b_nfast=False)
             ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
@@ -305,9 +325,11 @@ class GraphAttention(Op):
         ks += gemm(ctx, "backward_k", M=U, N=DK, K=U, batch=BH, a=ds, w=s["q"], out=d["k"],
                    a_idx=b * (U * U) + k * U + m, b_idx=cols + k * HD,
                    c_idx=cols + m * HD, a_kfast=False, b_nfast=True)
-        ks += gemm(ctx, "backward_v", M=U, N=DK, K=2 * U, batch=BH, a=s["p"], w=do, out=d["v"],
-                   a_idx=(k // U) * BHUU + b * (U * U) + (k % U) * U + m,
-                   b_idx=(b // H) * (U * 2 * HD) + (k % U) * (2 * HD) + (k // U) * HD
+        # dV = Σ_set A_setᵀ·dO_set: k runs over (set, key) pairs (over the keys where one set)
+        part, key = (k // U, k % U) if S > 1 else (0, k)
+        ks += gemm(ctx, "backward_v", M=U, N=DK, K=S * U, batch=BH, a=s["p"], w=do, out=d["v"],
+                   a_idx=part * BHUU + b * (U * U) + key * U + m,
+                   b_idx=(b // H) * (U * S * HD) + key * (S * HD) + part * HD
                    + (b % H) * DK + n,
                    c_idx=cols + m * HD, a_kfast=False, b_nfast=True)
         for i, p in enumerate(("q", "k", "v")):
