@@ -377,8 +377,8 @@ def test_wrong_architecture(tmp_path, trained, monkeypatch):
     graph = json.loads(json.dumps(header["graph"]))
     graph["nodes"][1]["attrs"]["window"] = 9
     _refused(_write_sealed(tmp_path / "h.kiln", dict(header, graph=graph), arrays), "conv", "window 9")
-    graph["nodes"][1]["op"] = "lstm"
-    _refused(_write_sealed(tmp_path / "i.kiln", dict(header, graph=graph), arrays), "'lstm'")
+    graph["nodes"][1]["op"] = "gru"                  # no such op
+    _refused(_write_sealed(tmp_path / "i.kiln", dict(header, graph=graph), arrays), "'gru'")
     del graph["nodes"]
     _refused(_write_sealed(tmp_path / "j.kiln", dict(header, graph=graph), arrays), "malformed")
     bad_opt = dict(header, optimizer={"kind": "rmsprop", "config": {}})
