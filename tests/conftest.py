@@ -86,7 +86,7 @@ def pytest_runtest_makereport(item, call):
 # run is an error, so an entry cannot go stale while the checks it names move away. Measured on
 # a 2-core Xeon with a cold kernel cache, the README command took 656 s with all of them in,
 # 486 s from a fresh clone and venv without the first four, and 539 s once issue 46's ops and
-# tests came in (the fuzz entries then moved here).
+# tests came in (the fuzz entries then moved here), 495 s after that.
 SLOW = {
     "tests/test_oclgrind.py::test_kernels_run_clean[[]*":
         "every kernel family under Oclgrind, an interpreter: 210 s of test time together "
@@ -110,6 +110,12 @@ SLOW = {
         "the fuzzed graphs through onnxruntime: 17 s",
     "tests/test_resident.py::test_the_device_check_script_agrees_here":
         "benchmarks' device-data check script: 12 s",
+    "tests/test_program_cache.py::test_*child*":
+        "program builds in child processes, a failing child included: 14 s",
+    "tests/test_submit.py::test_the_benchmark_compares_every_path_the_device_offers":
+        "benchmarks/submit_paths.py run whole: 7 s",
+    "tests/test_tune.py::test_every_cpu_form_candidate_computes_the_same":
+        "every CPU-form candidate of the tuner built and run: 10 s",
     "tests/test_export.py::test_runner_and_mql5_*[[]gpu[]]":
         "the GPU kernel form of the new ops' bundles through the runner: 15 s (their CPU form "
         "stays in the main run)",
