@@ -16,6 +16,11 @@ Workloads (float32; training = forward + loss + backward + Adam step):
   W2 gte    one gte_block, U = 64, W = 64, 4 heads, key_dim 16, chain adjacency -> MSE
   W3 mwconv (8, 256) -> multi_window_conv [2, 3, 5, 8] x 16 -> batchnorm -> per-position dense to 1
             -> MSE
+  W4 lstm   (48, 12) -> lstm 64 (the last step's h) -> dense 45 -> softmax 3 heads -> cross-entropy
+            (PyTorch: nn.LSTM, cuDNN's on CUDA)
+  W5 causal (64, 64) -> self_attention 4 heads, key_dim 16, causal -> add the input -> layer_norm
+            -> dense 64 per unit -> MSE (PyTorch: one fused q/k/v product,
+            scaled_dot_product_attention with is_causal)
   GEMM      dense 4096 -> 4096, no bias, batch 4096, forward: kernel time only (no transfers)
 
 Both sides start from the same parameters (PyTorch's are copied from kilnet's) and the table's
@@ -72,7 +77,10 @@ by PyTorch; on a CPU: FLOPs / the FMA peak benchmarks/fma_peak.py measures + byt
 bandwidth numpy measures (issue 34's floor). FLOPs = 2 x multiply-adds forward (x 3 for a
 train step) and bytes = the Adam update's 6 streams of float32 parameters (a train step: parameters and both moments, each read and
 written; a gradient need not pass through memory, and at small batches kilnet's does not) or
-the parameters once (forward).
+the parameters once (forward). Causal attention's FLOPs count the U(U+1)/2 (query, key) pairs it
+needs. ``serial ms`` (W4): the recurrence's dependent chain, which no parallelism shortens:
+T steps forward and T back (forward alone: T), each at least ``hidden`` multiply-adds in sequence
+at FMA_LATENCY_CYCLES cycles of the device's clock; the floor is the larger of the two.
 """
 import argparse
 import collections
@@ -122,13 +130,20 @@ def w1_torch(F, P, training=True):
         h = h.transpose(1, 2).flatten(1)                        # kilnet flattens (U, C)
         for i in range(3):
             h = F.linear(h, P[f"dense{i}.weight"], P[f"dense{i}.bias"]).tanh()
-        return F.linear(h, P["head.weight"], P["head.bias"]).view(-1, 3, 15)
+        return F.linear(h, P["head.weight"], P["head.bias"])
 
     def fwd(x, t=None):
-        if t is None:
-            return F.softmax(logits(x), -1).flatten(1)
-        return -(t.view(-1, 3, 15) * F.log_softmax(logits(x), -1)).sum((1, 2)).mean()
+        return heads_loss(F, logits(x), t)
     return fwd
+
+
+def heads_loss(F, logits, t=None):
+    """softmax over 3 heads of 15 (no target: the probabilities), else the mean over the batch of
+    the summed cross-entropy, as kilnet's loss."""
+    logits = logits.view(-1, 3, 15)
+    if t is None:
+        return F.softmax(logits, -1).flatten(1)
+    return -(t.view(-1, 3, 15) * F.log_softmax(logits, -1)).sum((1, 2)).mean()
 
 
 def w1_torch_params(kp):
@@ -239,12 +254,102 @@ def w3_data(rng, b):
     return {"x": rng.standard_normal((b, V, T))}, {"y": rng.standard_normal((b, V * T, 1))}
 
 
+R_T, R_C, R_H = 48, 12, 64       # W4: steps, channels, hidden
+
+
+def w4_graph():
+    g = kn.Graph("W4_lstm")
+    h = kn.lstm(g.input("bars", (R_T, R_C)), R_H, sequences=False, name="lstm")
+    g.output("probs", kn.softmax(kn.dense(h, 45, name="head"), heads=3))
+    return g, "cross_entropy", R_T * 4 * R_H * (R_C + R_H) + R_H * 45
+
+
+def w4_torch(F, P, training=True):
+    """nn.LSTM owning the parameters (one flat buffer, so cuDNN takes them as they are): P's
+    entries become the module's own tensors, which the optimizer then steps."""
+    import torch
+    some = next(iter(P.values()))
+    lstm = torch.nn.LSTM(R_C, R_H, batch_first=True).to(some.device)
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        mine = getattr(lstm, f"{name}_l0")
+        with torch.no_grad():
+            mine.copy_(P[f"lstm.{name}"])
+        mine.requires_grad_(P[f"lstm.{name}"].requires_grad)
+        P[f"lstm.{name}"] = mine
+    lstm.flatten_parameters()
+
+    def fwd(x, t=None):
+        out, _ = lstm(x)
+        return heads_loss(F, F.linear(out[:, -1], P["head.weight"], P["head.bias"]), t)
+    return fwd
+
+
+def w4_data(rng, b):
+    t = rng.random((b, 3, 15))
+    return ({"bars": rng.standard_normal((b, R_T, R_C))},
+            {"probs": (t / t.sum(-1, keepdims=True)).reshape(b, 45)})
+
+
+A_U, A_W, A_HEADS, A_DK = 64, 64, 4, 16     # W5: units, width, heads, key_dim
+
+
+def w5_graph():
+    g = kn.Graph("W5_causal")
+    x = g.input("x", (A_U, A_W))
+    a = kn.self_attention(x, A_HEADS, A_DK, causal=True, name="attn")
+    h = kn.layer_norm(kn.add(a, x), name="ln")
+    g.output("y", kn.conv1d(h, A_W, 1, name="head"))              # a dense layer per unit
+    hd = A_HEADS * A_DK
+    pairs = A_U * (A_U + 1) // 2                # the (query, key) pairs causal attention needs
+    return g, "mse", A_U * A_W * 3 * hd + 2 * A_HEADS * pairs * A_DK + A_U * hd * A_W + \
+        A_U * A_W * A_W
+
+
+def w5_torch(F, P, training=True):
+    """As a PyTorch engineer writes it: one fused q/k/v product (its weight and bias the three
+    concatenated, stepped as one parameter), SDPA with is_causal."""
+    import torch
+    for part in ("weight", "bias"):
+        old = [P.pop(f"attn.{p}.{part}") for p in "qkv"]
+        P[f"attn.qkv.{part}"] = torch.cat([o.detach() for o in old]).requires_grad_(
+            old[0].requires_grad)
+
+    def fwd(x, t=None):
+        B = x.shape[0]
+        qkv = F.linear(x, P["attn.qkv.weight"], P["attn.qkv.bias"])
+        q, k, v = qkv.view(B, A_U, 3, A_HEADS, A_DK).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        o = o.transpose(1, 2).reshape(B, A_U, A_HEADS * A_DK)
+        h = F.linear(o, P["attn.out.weight"], P["attn.out.bias"]) + x
+        h = F.layer_norm(h, (A_W,), P["ln.gamma"], P["ln.beta"], eps=1e-5)
+        y = F.linear(h, P["head.weight"][:, 0, :], P["head.bias"])
+        return y if t is None else F.mse_loss(y, t)
+    return fwd
+
+
+def w5_data(rng, b):
+    return ({"x": rng.standard_normal((b, A_U, A_W))},
+            {"y": rng.standard_normal((b, A_U, A_W))})
+
+
+def identity(kp):
+    return kp
+
+
 WORKLOADS = {
     "W1": ("qnet", w1_graph, w1_torch, w1_torch_params, w1_data),
     "W2": ("gte", w2_graph, w2_torch, w2_torch_params, w2_data),
     "W3": ("mwconv", w3_graph, w3_torch, w3_torch_params, w3_data),
+    "W4": ("lstm", w4_graph, w4_torch, identity, w4_data),
+    "W5": ("causal", w5_graph, w5_torch, identity, w5_data),
 }
-DEFAULT_BATCHES = {"W1": (1, 64, 256, 1024), "W2": (1, 32), "W3": (16,)}
+DEFAULT_BATCHES = {"W1": (1, 64, 256, 1024), "W2": (1, 32), "W3": (16,), "W4": (1, 16, 256),
+                   "W5": (1, 16, 256)}
+# The part of a step that no parallelism shortens: W4's recurrence runs T dependent steps forward
+# and T back, each at least a chain of hidden multiply-adds (h_t needs all of h_{t-1}), at the
+# FMA latency FMA_LATENCY_CYCLES of one lane (the clock: the device's, in MHz).
+SERIAL_CHAINS = {"W4": 2 * R_T * R_H}
+FMA_LATENCY_CYCLES = 4
 
 
 # -- PyTorch side ---------------------------------------------------------------------------
@@ -693,7 +798,7 @@ def run_workload(key, batch, o):
         row["torch_host_ms"] = host_ms(lambda: ts.eager_enqueue(xn, tn), ts.sync,
                                        max(5, o.steps // 4))
     flops, bytes_ = 3 * 2.0 * macs * batch, 6 * 4.0 * nparams
-    row["floor_ms"] = floor_ms(flops, bytes_, o.peaks)
+    row["floor_ms"] = serial_floor(row, floor_ms(flops, bytes_, o.peaks), model, key, 1)
     if PER_KERNEL:
         for m, how in zip(models, ("", " (with the table)") if len(models) > 1 else ("",)):
             per_kernel(f"{key} train batch {batch}{how}", m, feeds, targets, o)
@@ -890,7 +995,8 @@ def run_forward(key, o):
     row.update(zip(cols, times))
     if "graph_ms" in cols:
         row["graph_range"] = ratio_range(cols.index("graph_ms"), 0)
-    row["floor_ms"] = floor_ms(2.0 * macs, 4.0 * nparams, o.peaks)
+    row["floor_ms"] = serial_floor(row, floor_ms(2.0 * macs, 4.0 * nparams, o.peaks), model,
+                                   key, 0.5)
     return row
 
 
@@ -987,6 +1093,29 @@ def floor_ms(flops, bytes_, peaks):
     return max(flops / peaks["peak"], bytes_ / peaks["bandwidth"]) * 1e3
 
 
+def serial_floor(row, floor, model, key, share):
+    """The floor raised to the workload's serial part (SERIAL_CHAINS; ``share`` of it: forward
+    alone runs half), which row["serial_ms"] records."""
+    chain = SERIAL_CHAINS.get(key, 0) * share
+    if not chain:
+        return floor
+    mhz = model.device.max_clock_frequency or cpu_mhz()
+    if not mhz:
+        return floor
+    row["serial_ms"] = chain * FMA_LATENCY_CYCLES / (mhz * 1e6) * 1e3
+    return row["serial_ms"] if floor is None else max(floor, row["serial_ms"])
+
+
+def cpu_mhz():
+    """The host CPU's highest current clock in MHz (/proc/cpuinfo; Intel's runtime reports 0),
+    or None."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return max(float(l.split(":")[1]) for l in f if l.startswith("cpu MHz"))
+    except (OSError, ValueError):
+        return None
+
+
 # -- the table -------------------------------------------------------------------------------
 
 def fmt(v, spec=".3f"):
@@ -1013,7 +1142,7 @@ def columns(gpu, tuned=False, compiled=False, plan=False):
         [("tuned_compiled", 15, ".2f")] if tuned and compiled else []) + [
         ("kilnet_host_ms", 15, ".3f")] + ([("plan_host_ms", 13, ".3f")] if plan else []) + [
         ("torch_host_ms", 14, ".3f"), ("floor_ms", 9, ".3f"),
-        ("of_floor", 9, ".1%"), ("samples_s", 11, ".0f"), ("loss_rel", 9, ".0e")]
+        ("serial_ms", 10, ".3f"), ("of_floor", 9, ".1%"), ("samples_s", 11, ".0f"), ("loss_rel", 9, ".0e")]
 
 
 def header(cols, out):
@@ -1077,7 +1206,7 @@ def main(argv=None):
                     "PyTorch runs on CUDA when this is a GPU, else on the CPU")
     ap.add_argument("--steps", type=int, default=30, help="timed calls per side (default 30)")
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--only", default="W1,W2,W3", help="workloads, comma-separated")
+    ap.add_argument("--only", default="W1,W2,W3,W4,W5", help="workloads, comma-separated")
     ap.add_argument("--batches", default=None, help="W1's batches (default 1,64,256,1024)")
     ap.add_argument("--gemm", type=int, default=4096, help="GEMM size n (0: skip)")
     ap.add_argument("--resident-steps", type=int, default=50, metavar="N",

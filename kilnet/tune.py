@@ -192,6 +192,8 @@ def candidates(target, kind, default, shape, stage, best):
         elif rows >= 64:      # tall and narrow (bias gradients): rows shared by LY lanes
             pairs += [(8, 4), (16, 4), (8, 8)]
         out = [{"local": list(p)} for p in pairs]
+    elif stage == 0 and kind == "recurrence":
+        out = [{"rows": r} for r in (1, 2, 4, 8, 16) if r <= shape["batch"]]
     elif stage == 0 and kind == "map":
         dims = len(default.local)
         out = [{"local": [L] + [1] * (dims - 1)} for L in GROUPS if L >= 8]

@@ -4,9 +4,13 @@ Every buffer is its own allocation (debug_buffers) and rewritten buffers start a
 Covered: the recurrence forward (training and inference) and backward, both sequence modes, T = 1
 and 4, hidden 5 (several units per lane where the work-group is smaller) and 3, with and without
 the input gradient (overwritten and accumulated, the input also read by a second lstm), and the
-products around it; in both kernel forms and both CPU vector widths.
+products around it; in both kernel forms and both CPU vector widths; and two samples per
+work-group at batch 3 (a last group of one sample).
 """
+import json
+import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -35,6 +39,19 @@ def run():
                      feeds, targets)
         exercise(kn.compile(build(T), batch=1, debug_buffers=True, poison=True),
                  {"x": feeds["x"][:1]})
+    # two samples per work-group, so that the last group has one (a partial group's rows)
+    with tempfile.TemporaryDirectory() as d:
+        table = os.path.join(d, "rows.json")
+        with open(table, "w") as f:
+            json.dump({"recurrence": {"rows": 2}}, f)
+        os.environ["KILNET_SCHEDULES"] = table
+        try:
+            model = kn.compile(build(4), batch=B, optimizer=kn.Adam(lr=1e-2), loss="mse",
+                               input_grads=True, debug_buffers=True, poison=True)
+        finally:
+            del os.environ["KILNET_SCHEDULES"]
+        assert any("min(2, 3)" in v for v in model.plan.sources.values()), "rows not taken"
+        exercise(model, feeds, targets)
 
 
 if __name__ == "__main__":

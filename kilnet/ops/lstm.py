@@ -9,13 +9,16 @@ h_t = o⊙tanh(c_t); h_{−1} = c_{−1} = 0 in every sample. Parameters ``weigh
 
 Kernels: the input part of every gate for all T steps is one product over the B·T rows
 (kernels/gemm.py ``linear``); the recurrence is one launch (templates/lstm.cl.j2) in which a
-work-group per sample walks the T steps in order, a barrier between the phases of a step, and
-backward one more walking them in reverse, writing ∂L/∂gates for every step; then the products
-of ``linear_backward`` give dx and dW_ih from those rows, and dW_hh from the rows of h_{t−1} that
-forward kept. The recurrence is inside one launch, so a plan has no T copies of a kernel and the
-plan kernel no T phases (its cost is T dependent steps inside the work-group, each a matrix-
-vector product of W_hh by h and two barriers). The work-group holds h_{t−1} and the step's 4·hidden
-gate values in local memory.
+work-group per ``rows`` samples (the "recurrence" schedule: 1 on GPUs, up to 8 on CPUs, so that
+each weight read serves several samples) walks the T steps in order, a barrier between the
+phases of a step, and backward one more walking them in reverse, writing ∂L/∂gates for every
+step; then the products of ``linear_backward`` give dx and dW_ih from those rows, dW_hh from
+the rows of h_{t−1} that forward kept, and one column sum both bias gradients (equal: both
+biases add to every gate). On CPUs forward first transposes W_hh (a launch of 4·hidden² items)
+so that the lanes, one per gate row, read it as vectors. The recurrence is inside one launch,
+so a plan has no T copies of a kernel and the plan kernel no T phases (its cost is T dependent
+steps inside the work-group, each a product of W_hh by the group's h and two barriers). The
+work-group holds its samples' h_{t−1} and the step's 4·hidden gate values in local memory.
 
 ONNX: the same maths in plain operators, unrolled over T (Gemm of the input part, then per step
 MatMul by W_hhᵀ, Sigmoid/Tanh, Mul/Add), which every runtime runs; ONNX's own LSTM operator
@@ -23,9 +26,9 @@ orders its gates i, o, f, c and is not used.
 """
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, Param, int_attr, need, out, register, kernel
-from ..kernels.gemm import linear, linear_backward
+from ..kernels.gemm import column_sum, linear, linear_backward
 
-LOCAL_BYTES = 32 * 1024       # the work-group's h and gates must fit the smallest local memory
+from ..policy.schedule import RECURRENCE_BYTES as LOCAL_BYTES   # a sample's h and gates fit
 
 
 def lstm(x, hidden, sequences=True, name=None):
@@ -65,10 +68,15 @@ class LSTM(Op):
              f"memory per work-group in {ctx.ctype}; at most {LOCAL_BYTES}", GraphError)
         return T, C, H
 
-    def _recurrence(self, node, ctx, step, mode, bufs, T, H):
-        L = ctx.schedule(step, "group", items=4 * H).local[0]
-        consts = dict(mode=mode, T=T, H=H, L=L, seq=node.attrs["sequences"], train=ctx.training)
-        return kernel(step, "lstm", consts, bufs, (ctx.batch * L,), (L,))
+    def _recurrence(self, node, ctx, step, mode, bufs, T, H, items):
+        """The launch that walks the steps: a work-group per ``rows`` samples (the "recurrence"
+        schedule), ``items`` lanes wanted."""
+        item = 8 if ctx.ctype == "double" else 4
+        s = ctx.schedule(step, "recurrence", items=items, batch=ctx.batch, sample_bytes=5 * H * item)
+        L, S = s.local[0], s.rows
+        consts = dict(mode=mode, T=T, H=H, L=L, S=S, B=ctx.batch, seq=node.attrs["sequences"],
+                      train=ctx.training, transposed="whht" in bufs)
+        return kernel(step, "lstm", consts, bufs, (-(-ctx.batch // S) * L,), (L,))
 
     def forward(self, node, ctx):
         T, C, H = self._sizes(node, ctx)
@@ -76,13 +84,21 @@ class LSTM(Op):
         gx = ctx.scratch("gx", rows * 4 * H)
         ks = linear(ctx, "forward_input", rows=rows, n_in=C, n_out=4 * H, x=ctx.x(0),
                     weight=ctx.p("weight_ih"), out=gx, bias=ctx.p("bias_ih"))
-        bufs = {"gx": gx, "whh": ctx.p("weight_hh"), "bhh": ctx.p("bias_hh"),
-                "cs": out(ctx.scratch("c", rows * H))}
+        bufs = {"gx": gx, "whh": ctx.p("weight_hh"), "bhh": ctx.p("bias_hh")}
+        if ctx.target.kind == "cpu":
+            # CPUs vectorise over the lanes (gate rows): W_hh read as it is would be a gather
+            # of stride H per weight, W_hhᵀ is one vector load
+            whht = ctx.scratch("whht", 4 * H * H)
+            g, l = ctx.schedule("transpose", "map").cover(4 * H * H)
+            ks.append(kernel("transpose", "lstm", dict(mode="transpose", H=H, L=l[0]),
+                             {"whh": ctx.p("weight_hh"), "whht": out(whht)}, g, l))
+            bufs["whht"] = whht
+        bufs["cs"] = out(ctx.scratch("c", rows * H))
         if ctx.training:
             bufs["acts"] = out(ctx.scratch("acts", rows * 4 * H))
             bufs["hprev"] = out(ctx.scratch("hprev", rows * H))
         bufs["out"] = out(ctx.y)
-        return ks + [self._recurrence(node, ctx, "forward", "forward", bufs, T, H)]
+        return ks + [self._recurrence(node, ctx, "forward", "forward", bufs, T, H, 4 * H)]
 
     def backward(self, node, ctx):
         T, C, H = self._sizes(node, ctx)
@@ -91,14 +107,16 @@ class LSTM(Op):
         bufs = {"dout": ctx.dy, "whh": ctx.p("weight_hh"), "acts": ctx.scratch("acts", rows * 4 * H),
                 "cs": ctx.scratch("c", rows * H), "dgates": out(dgates),
                 "dcn": out(ctx.scratch("dc", ctx.batch * H))}
-        ks = [self._recurrence(node, ctx, "backward", "backward", bufs, T, H)]
+        ks = [self._recurrence(node, ctx, "backward", "backward", bufs, T, H, H)]
         ks += linear_backward(ctx, "_ih", rows=rows, n_in=C, n_out=4 * H, dz=dgates, x=ctx.x(0),
                               weight=ctx.p("weight_ih"), dweight=ctx.dp("weight_ih"),
-                              dbias=ctx.dp("bias_ih"), dx=ctx.dx(0), accumulate=ctx.acc(0))
+                              dx=ctx.dx(0), accumulate=ctx.acc(0))
         ks += linear_backward(ctx, "_hh", rows=rows, n_in=H, n_out=4 * H, dz=dgates,
                               x=ctx.scratch("hprev", rows * H), weight=ctx.p("weight_hh"),
-                              dweight=ctx.dp("weight_hh"), dbias=ctx.dp("bias_hh"))
-        return ks
+                              dweight=ctx.dp("weight_hh"))
+        # both biases add to every gate alike: one column sum of dgates is both gradients
+        return ks + column_sum(ctx, "backward_bias", rows=rows, cols=4 * H, src=dgates,
+                               out=ctx.dp("bias_ih"), z=ctx.dp("bias_hh"))
 
     def onnx(self, node, e):
         (T, C), H = node.inputs[0].shape, node.attrs["hidden"]
