@@ -9,8 +9,8 @@ h_t = o⊙tanh(c_t); h_{−1} = c_{−1} = 0 in every sample. Parameters ``weigh
 
 Kernels: the input part of every gate for all T steps is one product over the B·T rows
 (kernels/gemm.py ``linear``); the recurrence is one launch (templates/lstm.cl.j2) in which a
-work-group per ``rows`` samples (the "recurrence" schedule: 1 on GPUs, up to 8 on CPUs, so that
-each weight read serves several samples) walks the T steps in order, a barrier between the
+work-group per ``rows`` samples (the "recurrence" schedule: about one group per compute unit,
+at most 8 samples, so that each weight read serves several) walks the T steps in order, a barrier between the
 phases of a step, and backward one more walking them in reverse, writing ∂L/∂gates for every
 step; then the products of ``linear_backward`` give dx and dW_ih from those rows, dW_hh from
 the rows of h_{t−1} that forward kept, and one column sum both bias gradients (equal: both

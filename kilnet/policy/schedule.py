@@ -412,15 +412,14 @@ def policy(target, kind, ctype="float", **shape):
 
 
 def recurrence_rows(target, shape):
-    """Samples per work-group of a recurrence: 1 on GPUs (a group per sample keeps the batch's
-    groups in flight); on CPUs enough for one group per core, at most RECURRENCE_ROWS and what
-    RECURRENCE_BYTES of local memory hold, so that each weight read serves that many samples.
+    """Samples per work-group of a recurrence: enough for one group per compute unit, at most
+    RECURRENCE_ROWS and what RECURRENCE_BYTES of local memory hold. Each weight read then serves
+    that many samples, and on a GPU the plan kernel (a work-group per unit, looping over a
+    phase's groups) walks the T steps once rather than once per round of groups.
     W4 (T 48, hidden 64) at batch 256 on 2 Xeon cores (AVX-512, Intel's runtime), forward and
     backward recurrence: a group per sample 16.3 and 16.2 ms; 4 samples 8.4 and 5.2; 8 samples
     6.2 and 3.9; 12 samples 30.9 and 4.8, 16 samples 31.5 and 6.0 (the forward's accumulators
     no longer stay in registers)."""
-    if target.kind != "cpu":
-        return 1
     return max(1, min(RECURRENCE_ROWS, -(-shape["batch"] // target.compute_units),
                       RECURRENCE_BYTES // shape["sample_bytes"]))
 
