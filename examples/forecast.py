@@ -88,6 +88,7 @@ def synthetic(n=1000, seed=0):
 
 
 MODELS = ("conv", "lstm", "attention")
+LR = {"conv": 3e-3, "lstm": 1e-3, "attention": 3e-3}    # Adam's default rate for each model
 
 
 def build_graph(history=64, horizon=14, width=16, periods=(7 * DAY, YEAR), filters=8,
@@ -200,11 +201,14 @@ def plot(path, losses, seconds, values, origin, forecast, freq):
 
 
 def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=32,
-          history=64, horizon=14, width=16, lr=3e-3, test_fraction=0.2, seed=0, log_every=100,
+          history=64, horizon=14, width=16, lr=None, test_fraction=0.2, seed=0, log_every=100,
           plot_path=None, progress=True, quiet=False, series_length=1000, missing="interpolate",
           na_values=(), dropout=0.0, weekday=0, model="conv", hidden=32, heads=2, key_dim=8):
     """Train and evaluate; returns a dict with the per-step losses, the report and the median
-    seconds per training step (``step_seconds``)."""
+    seconds per training step (``step_seconds``). ``lr`` None: the model's rate in ``LR``."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
+    lr = LR[model] if lr is None else lr
     say = (lambda *a: None) if quiet else print
     min_rows = history + horizon + 2 * batch + horizon
     filled = None
@@ -330,7 +334,7 @@ def main(argv=None):
     ap.add_argument("--history", type=int, default=64, help="past values the model sees (default 64)")
     ap.add_argument("--horizon", type=int, default=14, help="values forecast at once (default 14)")
     ap.add_argument("--width", type=int, default=16, help="embedding width (default 16)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
+    ap.add_argument("--lr", type=float, help="Adam learning rate (default 3e-3; 1e-3 for --model lstm)")
     ap.add_argument("--test-fraction", type=float, default=0.2,
                     help="held-out tail of the series (default 0.2)")
     ap.add_argument("--seed", type=int, default=0, help="data, initialisation, sampling (default 0)")
