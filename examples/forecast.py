@@ -4,6 +4,8 @@
     python examples/forecast.py --csv sales.csv --date-column date --value-column sales
     python examples/forecast.py --steps 3000 --history 128 --horizon 28 --plot forecast.png
     python examples/forecast.py --csv temps.csv --dropout 0.2 --weekday-embedding 4
+    python examples/forecast.py --csv temps.csv --model lstm --hidden 48
+    python examples/forecast.py --csv temps.csv --model attention --heads 2 --key-dim 8 --dropout 0.2
     kilnet inspect examples/forecast.py            # the kernels this model compiles to
 
 Model: a window of ``--history`` past values (scaled) and their timestamps (a second graph
@@ -15,6 +17,17 @@ history·width values with step = width: each output position is one time step, 
 k·width values spans k time steps with all their channels. ``--dropout P`` puts kn.dropout on
 the head's hidden layer; ``--weekday-embedding W`` joins each history step's day of the week
 (kn.embedding of 7 ids, width W) to its embedding.
+
+``--model`` picks the encoder between the embedding and the head (the same embedding, head and
+options for all three): ``conv`` (the default) is the convolution above; ``lstm`` runs
+kn.lstm(``--hidden``, default 32, sequences=False) over the history steps' embeddings and hands
+the head the last step's h (Adam's default rate 1e-3 rather than 3e-3); ``attention`` adds the
+sinusoidal kn.position_encoding, then kn.self_attention(``--heads`` 2, ``--key-dim`` 8,
+causal=True), adds that to its input and applies kn.layer_norm; the head reads every step's row
+(the (history, width) block flattened). ``--hidden`` outside lstm, and ``--heads`` or
+``--key-dim`` outside attention, are refused. The report gives the median time per training
+step. On Melbourne's daily maximum temperatures (benchmarks/forecast_models.py) the LSTM
+forecast best, and attention needed ``--dropout``.
 Targets are the next ``--horizon`` values minus the window's last value, divided by the training
 part's standard deviation (the forecast is rescaled back for the report).
 
