@@ -4,6 +4,8 @@
     python examples/forecast.py --csv sales.csv --date-column date --value-column sales
     python examples/forecast.py --steps 3000 --history 128 --horizon 28 --plot forecast.png
     python examples/forecast.py --csv temps.csv --dropout 0.2 --weekday-embedding 4
+    python examples/forecast.py --csv temps.csv --model lstm --hidden 48
+    python examples/forecast.py --csv temps.csv --model attention --heads 2 --key-dim 8 --dropout 0.2
     kilnet inspect examples/forecast.py            # the kernels this model compiles to
 
 Model: a window of ``--history`` past values (scaled) and their timestamps (a second graph
@@ -15,6 +17,17 @@ history·width values with step = width: each output position is one time step, 
 k·width values spans k time steps with all their channels. ``--dropout P`` puts kn.dropout on
 the head's hidden layer; ``--weekday-embedding W`` joins each history step's day of the week
 (kn.embedding of 7 ids, width W) to its embedding.
+
+``--model`` picks the encoder between the embedding and the head (the same embedding, head and
+options for all three): ``conv`` (the default) is the convolution above; ``lstm`` runs
+kn.lstm(``--hidden``, default 32, sequences=False) over the history steps' embeddings and hands
+the head the last step's h (Adam's default rate 1e-3 rather than 3e-3); ``attention`` adds the
+sinusoidal kn.position_encoding, then kn.self_attention(``--heads`` 2, ``--key-dim`` 8,
+causal=True), adds that to its input and applies kn.layer_norm; the head reads every step's row
+(the (history, width) block flattened). ``--hidden`` outside lstm, and ``--heads`` or
+``--key-dim`` outside attention, are refused. The report gives the median time per training
+step. On Melbourne's daily maximum temperatures (benchmarks/forecast_models.py) the LSTM
+forecast best, and attention needed ``--dropout``.
 Targets are the next ``--horizon`` values minus the window's last value, divided by the training
 part's standard deviation (the forecast is rescaled back for the report).
 
@@ -87,11 +100,22 @@ def synthetic(n=1000, seed=0):
     return day * DAY, values, timeseries_csv.infer_frequency((day * DAY).astype("datetime64[s]"))
 
 
+MODELS = ("conv", "lstm", "attention")
+LR = {"conv": 3e-3, "lstm": 1e-3, "attention": 3e-3}    # Adam's default rate for each model
+
+
 def build_graph(history=64, horizon=14, width=16, periods=(7 * DAY, YEAR), filters=8,
-                windows_steps=(1, 3, 7), dropout=0.0, weekday=0):
+                windows_steps=(1, 3, 7), dropout=0.0, weekday=0, model="conv", hidden=32,
+                heads=2, key_dim=8):
     """``dropout``: kn.dropout(p) on the dense head's hidden layer; ``weekday``: each history
     step's day of the week (a third input, ids 0..6, Monday 0) through kn.embedding(7,
-    weekday), joined to the step's embedding."""
+    weekday), joined to the step's embedding. ``model``: the encoder between the embedding and
+    the head, "conv" (kn.multi_window_conv, ``filters`` and ``windows_steps``), "lstm"
+    (kn.lstm(``hidden``, sequences=False): the last step's h) or "attention" (position code,
+    kn.self_attention(``heads``, ``key_dim``, causal=True), add with its input, layer_norm;
+    the head reads every step's row)."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
     g = kn.Graph("forecast")
     x = g.input("history", (history, 1))
     t = g.input("times", (history,))
@@ -99,9 +123,15 @@ def build_graph(history=64, horizon=14, width=16, periods=(7 * DAY, YEAR), filte
     if weekday:
         e = kn.concat(e, kn.embedding(g.input("weekday", (history,)), 7, weekday))
     per = width + weekday
-    flat = kn.reshape(e, (1, history * per))
-    h = kn.multi_window_conv(flat, [k * per for k in windows_steps], filters, step=per,
-                             activation="softplus")                        # (1, history, 3·filters)
+    if model == "conv":
+        flat = kn.reshape(e, (1, history * per))
+        h = kn.multi_window_conv(flat, [k * per for k in windows_steps], filters, step=per,
+                                 activation="softplus")                    # (1, history, 3·filters)
+    elif model == "lstm":
+        h = kn.lstm(e, hidden, sequences=False)                            # (hidden,)
+    else:
+        p = kn.position_encoding(e)                                        # (history, per)
+        h = kn.layer_norm(kn.add(p, kn.self_attention(p, heads, key_dim, causal=True)))
     h = kn.dense(h, 64, activation="tanh")
     if dropout:
         h = kn.dropout(h, dropout)
@@ -110,10 +140,12 @@ def build_graph(history=64, horizon=14, width=16, periods=(7 * DAY, YEAR), filte
 
 
 def build_model(batch=32, lr=3e-3, seed=0, history=64, horizon=14, width=16,
-                periods=(7 * DAY, YEAR), dropout=0.0, weekday=0):
+                periods=(7 * DAY, YEAR), dropout=0.0, weekday=0, model="conv", hidden=32,
+                heads=2, key_dim=8):
     """The compiled training model (used by ``kilnet inspect examples/forecast.py``)."""
     return kn.compile(build_graph(history, horizon, width, periods, dropout=dropout,
-                                  weekday=weekday), batch=batch,
+                                  weekday=weekday, model=model, hidden=hidden, heads=heads,
+                                  key_dim=key_dim), batch=batch,
                       optimizer=kn.Adam(lr=lr), loss={"forecast": "mse"}, seed=seed)
 
 
@@ -136,6 +168,8 @@ class Batches:
     def __init__(self, x, t, y, steps, batch, seed, wd=None):
         self.x, self.t, self.y, self.steps, self.batch, self.wd = x, t, y, steps, batch, wd
         self.rng = np.random.default_rng(seed)
+        self.step_seconds = []      # from handing out a batch to being asked for the next one
+
 
     def __len__(self):
         return self.steps
@@ -146,7 +180,9 @@ class Batches:
             feeds = {"history": self.x[idx], "times": self.t[idx]}
             if self.wd is not None:
                 feeds["weekday"] = self.wd[idx]
+            t0 = time.perf_counter()
             yield feeds, {"forecast": self.y[idx]}
+            self.step_seconds.append(time.perf_counter() - t0)
 
 
 def errors(pred, actual):
@@ -178,10 +214,14 @@ def plot(path, losses, seconds, values, origin, forecast, freq):
 
 
 def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=32,
-          history=64, horizon=14, width=16, lr=3e-3, test_fraction=0.2, seed=0, log_every=100,
+          history=64, horizon=14, width=16, lr=None, test_fraction=0.2, seed=0, log_every=100,
           plot_path=None, progress=True, quiet=False, series_length=1000, missing="interpolate",
-          na_values=(), dropout=0.0, weekday=0):
-    """Train and evaluate; returns a dict with the per-step losses and the report."""
+          na_values=(), dropout=0.0, weekday=0, model="conv", hidden=32, heads=2, key_dim=8):
+    """Train and evaluate; returns a dict with the per-step losses, the report and the median
+    seconds per training step (``step_seconds``). ``lr`` None: the model's rate in ``LR``."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
+    lr = LR[model] if lr is None else lr
     say = (lambda *a: None) if quiet else print
     min_rows = history + horizon + 2 * batch + horizon
     filled = None
@@ -227,14 +267,17 @@ def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=3
         f"(history {history}, horizon {horizon})")
 
     t0 = time.perf_counter()
+    kind = model
     model = build_model(batch=batch, lr=lr, seed=seed, history=history, horizon=horizon,
-                        width=width, periods=periods, dropout=dropout, weekday=weekday)
-    say(f"compiled in {time.perf_counter() - t0:.1f} s: {len(model.steps['train_step'])} launches "
-        "per training step")
+                        width=width, periods=periods, dropout=dropout, weekday=weekday,
+                        model=kind, hidden=hidden, heads=heads, key_dim=key_dim)
+    say(f"model {kind}: compiled in {time.perf_counter() - t0:.1f} s: "
+        f"{len(model.steps['train_step'])} launches per training step, "
+        f"{sum(int(np.prod(model.plan.buffers[k].shape)) for k in model.plan.params)} parameters")
 
-    hist = kn.fit(model, Batches(x_tr, t_tr, y_tr, steps, batch, seed, wd_tr if weekday else None),
-                  epochs=1,
-                  progress=progress, desc="forecast")
+    batches = Batches(x_tr, t_tr, y_tr, steps, batch, seed, wd_tr if weekday else None)
+    hist = kn.fit(model, batches, epochs=1, progress=progress, desc="forecast")
+    step_s = float(np.median(batches.step_seconds))
     losses, elapsed = hist.losses, hist.seconds
     for end in range(log_every, steps + log_every, log_every):
         w = losses[end - log_every:min(end, steps)]
@@ -253,7 +296,7 @@ def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=3
         seasonal = values[test_origins[:, None] - season + (h[None, :] % season)]
         report["seasonal_naive"] = errors(seasonal, actual)
     say(f"\ntrained {steps} steps of {batch} windows in {elapsed:.1f} s "
-        f"({steps * batch / elapsed:.0f} windows/s)")
+        f"({steps * batch / elapsed:.0f} windows/s; median {step_s * 1e3:.2f} ms per step)")
     say(f"held-out tail: last {n - test_start} values, {len(test_origins)} forecasts of {horizon} steps")
     say(f"{'forecast':<22}{'MAE':>10}{'RMSE':>10}")
     for key, label in (("model", "model"), ("naive", "naive (last value)"),
@@ -266,7 +309,7 @@ def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=3
         plot(plot_path, losses, seconds, values, int(test_origins[-1]), pred[-1], freq)
         say(f"wrote {plot_path}")
     return {"model": model, "losses": losses, "report": report, "kind": freq.label, "freq": freq,
-            "filled": filled}
+            "filled": filled, "step_seconds": step_s}
 
 
 def _period(seconds):
@@ -290,12 +333,21 @@ def main(argv=None):
                          "(interpolate, the default), drop their rows, or stop with an error")
     ap.add_argument("--na-value", action="append", default=[], metavar="TEXT",
                     help="a sentinel that also means missing, such as -999.99 (repeatable)")
+    ap.add_argument("--model", choices=MODELS, default="conv",
+                    help="the encoder: multi-window convolution (conv, the default), an LSTM "
+                         "(lstm) or causal self-attention (attention)")
+    ap.add_argument("--hidden", type=int, metavar="H",
+                    help="--model lstm: the LSTM's hidden size (default 32)")
+    ap.add_argument("--heads", type=int,
+                    help="--model attention: attention heads (default 2)")
+    ap.add_argument("--key-dim", type=int, metavar="K",
+                    help="--model attention: each head's key and value width (default 8)")
     ap.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
     ap.add_argument("--batch", type=int, default=32, help="windows per step (default 32)")
     ap.add_argument("--history", type=int, default=64, help="past values the model sees (default 64)")
     ap.add_argument("--horizon", type=int, default=14, help="values forecast at once (default 14)")
     ap.add_argument("--width", type=int, default=16, help="embedding width (default 16)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default 3e-3)")
+    ap.add_argument("--lr", type=float, help="Adam learning rate (default 3e-3; 1e-3 for --model lstm)")
     ap.add_argument("--test-fraction", type=float, default=0.2,
                     help="held-out tail of the series (default 0.2)")
     ap.add_argument("--seed", type=int, default=0, help="data, initialisation, sampling (default 0)")
@@ -313,6 +365,12 @@ def main(argv=None):
         ap.error("--test-fraction must be between 0 and 1")
     if not 0 <= args.dropout < 1 or args.weekday_embedding < 0:
         ap.error("--dropout must be in [0, 1) and --weekday-embedding >= 0")
+    for option, value, owner in (("--hidden", args.hidden, "lstm"), ("--heads", args.heads, "attention"),
+                                 ("--key-dim", args.key_dim, "attention")):
+        if value is not None and args.model != owner:
+            ap.error(f"{option} applies to --model {owner} only (this run is --model {args.model})")
+        if value is not None and value < 1:
+            ap.error(f"{option} must be >= 1")
     try:
         return train(args.csv, args.date_column, args.value_column, steps=args.steps,
                      batch=args.batch, history=args.history, horizon=args.horizon, width=args.width,
@@ -320,7 +378,8 @@ def main(argv=None):
                      log_every=args.log_every, plot_path=args.plot,
                      progress=not args.no_progress, missing=args.missing,
                      na_values=args.na_value, dropout=args.dropout,
-                     weekday=args.weekday_embedding)
+                     weekday=args.weekday_embedding, model=args.model,
+                     hidden=args.hidden or 32, heads=args.heads or 2, key_dim=args.key_dim or 8)
     except ValueError as e:
         ap.exit(2, f"{ap.prog}: error: {e}\n")
 

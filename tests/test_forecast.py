@@ -213,3 +213,52 @@ def test_missing_value_options_on_the_command_line(fc, tmp_path, capsys):
     result = fc.main(["--csv", sentinel, "--na-value", "-999.99"] + TINY)
     assert result["filled"] == (gaps, "interpolate")
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("model,ops,extra", [
+    ("lstm", ["lstm"], ["--hidden", "12"]),
+    ("attention", ["position_encoding", "self_attention", "add", "layer_norm"],
+     ["--heads", "2", "--key-dim", "4", "--dropout", "0.1", "--weekday-embedding", "3"]),
+])
+def test_lstm_and_attention_models_learn_the_synthetic_series(fc, capsys, model, ops, extra):
+    """--model lstm and --model attention: their encoder replaces the convolution (the embedding
+    and head stay), a tiny run lowers the loss and beats the naive forecast on the weekly
+    synthetic series, and the report gives the median time per step."""
+    g = fc.build_graph(history=16, horizon=7, width=8, model=model, hidden=12, heads=2, key_dim=4)
+    kinds = [n.op for n in g.nodes]
+    assert "multi_window_conv" not in kinds and [k for k in kinds if k in ops] == ops
+    assert "mamba4cast_embedding" in kinds or "time_encoding" in kinds
+    assert g.outputs["forecast"].shape == (7,)
+    result = fc.main(["--model", model, "--steps", "60", "--batch", "16", "--history", "16",
+                      "--horizon", "7", "--width", "8", "--lr", "5e-3", "--log-every", "30",
+                      "--no-progress"] + extra)
+    out = capsys.readouterr().out
+    losses, rep = result["losses"], result["report"]
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:5]), (losses[:5], losses[-10:])
+    assert rep["model"]["mae"] < 0.6 * rep["naive"]["mae"], rep
+    assert f"model {model}: compiled" in out
+    assert 0 < result["step_seconds"] < 1 and f"median {result['step_seconds'] * 1e3:.2f} ms per step" in out
+    if "--weekday-embedding" in extra:
+        assert result["model"].plan.feeds.keys() == {"history", "times", "weekday"}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--hidden", "8"], "--hidden applies to --model lstm only (this run is --model conv)"),
+    (["--model", "lstm", "--heads", "2"], "--heads applies to --model attention only (this run is --model lstm)"),
+    (["--model", "conv", "--key-dim", "4"], "--key-dim applies to --model attention only"),
+    (["--model", "attention", "--heads", "0"], "--heads must be >= 1"),
+    (["--model", "gru"], "argument --model: invalid choice: 'gru'"),
+])
+def test_an_option_of_another_model_is_refused_in_one_line(fc, capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        fc.main(argv + TINY)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.strip().splitlines()[-1].count(message) == 1
+    assert "Traceback" not in err
+
+
+def test_the_default_model_is_the_convolution(fc):
+    kinds = [n.op for n in fc.build_graph(history=16, horizon=7, width=8).nodes]
+    assert "multi_window_conv" in kinds and "lstm" not in kinds and "self_attention" not in kinds
+    with pytest.raises(ValueError, match="model must be one of conv, lstm, attention, got 'gru'"):
+        fc.build_graph(model="gru")
