@@ -309,7 +309,7 @@ def w5_torch(F, P, training=True):
     """As a PyTorch engineer writes it: one fused q/k/v product (its weight and bias the three
     concatenated, stepped as one parameter), SDPA with is_causal."""
     import torch
-    for part in ("weight", "bias"):
+    for part in ("weight", "bias") if "attn.q.weight" in P else ():   # (fused once per P)
         old = [P.pop(f"attn.{p}.{part}") for p in "qkv"]
         P[f"attn.qkv.{part}"] = torch.cat([o.detach() for o in old]).requires_grad_(
             old[0].requires_grad)

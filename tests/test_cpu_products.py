@@ -405,6 +405,18 @@ def test_a_weight_gradient_into_few_outputs_splits_k_over_idle_units():
     assert split_of(16, 8191 * 3, splittable=True) == 3          # 3 · 8191 (prime)
 
 
+def test_a_tall_weight_gradient_splits_k_into_slices_that_fit_the_cache():
+    # W5's 64 × 64 weight gradients over 16384 rows (batch 256) on 2 cores: slices of 2048 rows
+    # of both operands (128 floats a row: SPLIT_CACHE_BYTES)
+    assert (schedule.SPLIT_CACHE_BYTES, schedule.SPLIT_TALL) == (1 << 20, 100)
+    assert split_of(2, 16384, M=64, N=64, splittable=True) == 8
+    assert split_of(2, 16384 * 3, M=64, N=64, splittable=True) == 24      # the least that fits
+    assert split_of(2, 12800, M=64, N=64, splittable=True) == 8            # K = 100 · (M + N)
+    assert split_of(2, 12799, M=64, N=64, splittable=True) == 1            # not tall enough
+    assert split_of(2, 16384, M=64, N=64) == 1                             # not one M×N block
+    assert split_of(2, 16384, M=512, N=1024, splittable=True) == 1         # output past the cache
+
+
 def test_a_split_override_that_does_not_fit_is_refused(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"p": {"split": 3}}))

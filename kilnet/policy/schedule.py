@@ -113,6 +113,14 @@ A_ALONG_M_KC = 64
 # work-item) 0.034 -> 0.030 + 0.018 and steps 1.01-1.05x: hence the minimum a work-item.
 SPLIT_MIN_ITEM_MACS = 1 << 19
 SPLIT_MIN_MACS = 1 << 18
+# A tall product (vec_split): W5's five 64 × 64 weight gradients over 16384 rows (batch 256) took
+# 1.5-1.8 ms each on 2 Xeon cores (AVX-512, Intel's runtime); split in 4 (2 MiB slices of both
+# operands) 0.83-1.08, in 8 (1 MiB) 0.67-0.95, in 16 0.62-0.86, in 32 0.64-0.75 (the step's
+# device time 24.8 -> 21.1, 20.0, 21.5, 20.0 ms). Only products with K >= SPLIT_TALL·(M + N): split
+# so too, W1's at batch 256 (conv weight gradients, K = 72·(M + N)) took the step 1.10x the device
+# time, W2's at batch 32 1.04x, W4's at batch 256 (K = 38-46·(M + N)) 0.98x, W5's 0.86x.
+SPLIT_CACHE_BYTES = 1 << 20
+SPLIT_TALL = 100
 # The n-vector block of batched products (many small ones: attention's, B·H of 64×64 or 64×16
 # with k = 16 or 64) whose operands both run along k (B packed): with 6 rows, each k step read 6
 # rows K apart. In-process A/B on W2 b32 (interleaved launches, medians of 30; two runs): Q·Kᵀ
@@ -378,7 +386,7 @@ def policy(target, kind, ctype="float", **shape):
                          pack=pack if shape["kvec"] else None)
             s = vec_panel(target, shape, s if kvec_form(shape, s) else small_panel(shape, s))
             if not pack or (s.rows >= PACK_MIN_ROWS and shape["N"] >= V):
-                return vec_split(target, shape, s)
+                return vec_split(target, shape, s, itemsize(ctype))
     if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
         #                          queries of a head): a power of two up to GROUP_LANES
         cap = min(GROUP_LANES, target.max_work_group)
@@ -454,23 +462,31 @@ def padded(M, N, V, RM, NV):
     return -(-M // RM) * RM * -(-N // (NV * V)) * NV * V
 
 
-def vec_split(target, shape, s):
+def vec_split(target, shape, s, item=4):
     """``s`` with a k-split (``split`` slices, each a batch entry of the launch, summed by a
-    column sum) where a CPU product in the n-vector form would leave compute units without a
-    work-item, and each work-item has SPLIT_MIN_ITEM_MACS multiply-adds or more to do: a weight
-    gradient over a large batch (K = its rows) into few outputs. The split divides K (gemm.py's
-    slices have no edge in k) into slices of SPLIT_MIN_MACS multiply-adds or more, and is the
-    largest such up to one work-item per unit; else ``s`` as it is."""
+    column sum) of a CPU product in the n-vector form (a weight gradient: K = its rows) that
+    either would leave compute units without a work-item, each work-item having
+    SPLIT_MIN_ITEM_MACS multiply-adds or more to do, or is tall: a small output (at most
+    SPLIT_CACHE_BYTES) over operands of more than SPLIT_CACHE_BYTES and K at least SPLIT_TALL
+    times M + N, which every work-item
+    streams in turn from memory, where a slice of k whose rows of both operands fit in
+    SPLIT_CACHE_BYTES stays in the cache for all of them. The split divides K (gemm.py's slices
+    have no edge in k) into slices of SPLIT_MIN_MACS multiply-adds or more: the largest such up
+    to one work-item per unit, or the least that fits the cache; else ``s`` as it is."""
     if not shape.get("splittable") or kvec_form(shape, s):
         return s
-    K, units = shape["K"], target.compute_units
-    items = panel_columns(shape, False, s.block, s.vector) * -(-shape["M"] // s.rows)
-    macs = shape["M"] * shape["N"] * K
-    if items >= units or macs // items < SPLIT_MIN_ITEM_MACS:
-        return s
-    want = -(-units // items)
-    split = max((d for d in range(2, want + 1) if K % d == 0 and macs // d >= SPLIT_MIN_MACS),
-                default=1)
+    M, N, K, units = shape["M"], shape["N"], shape["K"], target.compute_units
+    items = panel_columns(shape, False, s.block, s.vector) * -(-M // s.rows)
+    macs = M * N * K
+
+    def divisors(most):
+        return [d for d in range(2, most + 1) if K % d == 0 and macs // d >= SPLIT_MIN_MACS]
+    split = 1
+    if items < units and macs // items >= SPLIT_MIN_ITEM_MACS:
+        split = max(divisors(-(-units // items)), default=1)
+    elif M * N * item <= SPLIT_CACHE_BYTES < (M + N) * K * item and K >= SPLIT_TALL * (M + N):
+        fits = max(1, SPLIT_CACHE_BYTES // ((M + N) * item))          # k-rows of a slice
+        split = min((d for d in divisors(K) if K // d <= fits), default=1)
     if split == 1:
         return s
     return vec_panel(target, dict(shape, K=K // split, batch=split), replace(s, split=split))
