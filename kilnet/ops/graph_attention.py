@@ -217,6 +217,11 @@ class GraphAttention(Op):
         vmember = vconnected and [f"({vconnected}) | (kv == q)", f"~({vconnected}) | (kv == q)"]
         return words, bits, member, vmember
 
+    def _key_end(self, node):
+        """Where every set's keys end for query q, as C (the template's ``kend``), or None: at
+        U (here: the two sets hold every key between them)."""
+        return None
+
     def _consts(self, node, ctx, mode):
         B, U, W, H, DK, HD = self._dims(node, ctx)
         # only the forward kernel reads the sets
@@ -228,7 +233,7 @@ class GraphAttention(Op):
         return dict(mode=mode, B=B, U=U, H=H, DK=DK, sets=self.SETS,
                     scale=repr(1.0 / math.sqrt(DK)),
                     words=words, bits=bits, member=member, vmember=vmember,
-                    staged=staged,
+                    staged=staged, kend=self._key_end(node),
                     VW=vector_width(ctx.target, ctx.ctype),
                     fma=ctx.target.kind == "cpu" and cpu_products(ctx.target).fma,
                     ivec="long" if ctx.ctype == "double" else "int")

@@ -60,6 +60,9 @@ class SelfAttention(GraphAttention):
         keys = np.ones((U, U), bool)
         return (np.tril(keys) if node.attrs["causal"] else keys)[None]
 
+    def _key_end(self, node):
+        return "(q + 1)" if node.attrs["causal"] else None
+
     def _rule(self, node, U):
         if node.attrs["causal"]:
             return 0, "", ["k <= q"], ["kv <= q"]
