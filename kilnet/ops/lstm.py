@@ -89,7 +89,7 @@ class LSTM(Op):
         # of stride H. On an H200 the forward recurrence alone (T 48, hidden 64) took 0.44 ms
         # from W_hh and 0.05 from W_hhᵀ (benchmarks/recurrence_forms.py, forms A and A2-T).
         whht = ctx.scratch("whht", 4 * H * H)
-        g, l = ctx.schedule("transpose", "map").cover(4 * H * H)
+        g, l = ctx.schedule("transpose", "map", dims=2).cover(4 * H, H)
         ks.append(kernel("transpose", "lstm", dict(mode="transpose", H=H, L=l[0]),
                          {"whh": ctx.p("weight_hh"), "whht": out(whht)}, g, l))
         bufs = {"gx": gx, "whht": whht, "bhh": ctx.p("bias_hh"),
