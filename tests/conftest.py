@@ -88,6 +88,8 @@ def pytest_runtest_makereport(item, call):
 # 486 s from a fresh clone and venv without the first four, and 539 s once issue 46's ops and
 # tests came in (the fuzz entries then moved here), 495 s after that.
 SLOW = {
+    "tests/test_forecast.py::test_lstm_and_attention_models_learn_the_synthetic_series*":
+        "the forecaster's lstm and attention models learning (issue 46's example): 6-8 s cold",
     "tests/test_oclgrind.py::test_kernels_run_clean[[]*":
         "every kernel family under Oclgrind, an interpreter: 210 s of test time together "
         "(the two tests that prove the harness reports bad accesses stay in the main run)",
