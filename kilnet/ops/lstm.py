@@ -27,6 +27,7 @@ orders its gates i, o, f, c and is not used.
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, Param, int_attr, need, out, register, kernel
 from ..kernels.gemm import column_sum, linear, linear_backward
+from ..policy.dtypes import itemsize
 
 from ..policy.schedule import RECURRENCE_BYTES as LOCAL_BYTES   # a sample's h and gates fit
 
@@ -63,7 +64,7 @@ class LSTM(Op):
 
     def _sizes(self, node, ctx):
         (T, C), H = node.inputs[0].shape, node.attrs["hidden"]
-        item = 8 if ctx.ctype == "double" else 4
+        item = itemsize(ctx.ctype)
         need(5 * H * item <= LOCAL_BYTES, node, f"hidden {H} needs {5 * H * item} bytes of local "
              f"memory per work-group in {ctx.ctype}; at most {LOCAL_BYTES}", GraphError)
         return T, C, H
@@ -71,7 +72,7 @@ class LSTM(Op):
     def _recurrence(self, node, ctx, step, mode, bufs, T, H, items):
         """The launch that walks the steps: a work-group per ``rows`` samples (the "recurrence"
         schedule), ``items`` lanes wanted."""
-        item = 8 if ctx.ctype == "double" else 4
+        item = itemsize(ctx.ctype)
         s = ctx.schedule(step, "recurrence", items=items, batch=ctx.batch, sample_bytes=5 * H * item)
         L, S = s.local[0], s.rows
         consts = dict(mode=mode, T=T, H=H, L=L, S=S, B=ctx.batch, seq=node.attrs["sequences"],

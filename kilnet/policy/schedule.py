@@ -387,15 +387,15 @@ def policy(target, kind, ctype="float", **shape):
             s = vec_panel(target, shape, s if kvec_form(shape, s) else small_panel(shape, s))
             if not pack or (s.rows >= PACK_MIN_ROWS and shape["N"] >= V):
                 return vec_split(target, shape, s, itemsize(ctype))
-    if kind == "group":          # one work-group spans `items` (a row or segment it reduces, the
-        #                          queries of a head): a power of two up to GROUP_LANES
-        cap = min(GROUP_LANES, target.max_work_group)
-        return Schedule(local=(target.lanes or pow2_at_least(shape["items"], cap),))
-    if kind == "recurrence":     # a work-group walks the steps of `rows` samples (ops/lstm.py);
-        #                          shape: items (lanes wanted), batch, sample_bytes (local memory)
-        cap = min(GROUP_LANES, target.max_work_group)
-        return Schedule(local=(target.lanes or pow2_at_least(shape["items"], cap),),
-                        rows=recurrence_rows(target, shape))
+    if kind in ("group", "recurrence"):
+        # group: one work-group spans `items` (a row or segment it reduces, the queries of a
+        # head); recurrence: one walks the steps of `rows` samples (ops/lstm.py), shape items
+        # (lanes wanted), batch, sample_bytes (local memory). Lanes: a power of two up to
+        # GROUP_LANES.
+        lanes = target.lanes or pow2_at_least(shape["items"], min(GROUP_LANES, target.max_work_group))
+        if kind == "group":
+            return Schedule(local=(lanes,))
+        return Schedule(local=(lanes,), rows=recurrence_rows(target, shape))
     if kind == "column_sum":     # shape: rows, cols
         if target.kind == "cpu" and not target.lanes:
             # A work-item per vector of V columns (4 rows at a time), in groups small enough for
@@ -468,9 +468,8 @@ def vec_split(target, shape, s, item=4):
     either would leave compute units without a work-item, each work-item having
     SPLIT_MIN_ITEM_MACS multiply-adds or more to do, or is tall: a small output (at most
     SPLIT_CACHE_BYTES) over operands of more than SPLIT_CACHE_BYTES and K at least SPLIT_TALL
-    times M + N, which every work-item
-    streams in turn from memory, where a slice of k whose rows of both operands fit in
-    SPLIT_CACHE_BYTES stays in the cache for all of them. The split divides K (gemm.py's slices
+    times M + N, which every work-item streams in turn from memory, where a slice of k whose
+    rows of both operands fit in SPLIT_CACHE_BYTES stays in the cache for all of them. The split divides K (gemm.py's slices
     have no edge in k) into slices of SPLIT_MIN_MACS multiply-adds or more: the largest such up
     to one work-item per unit, or the least that fits the cache; else ``s`` as it is."""
     if not shape.get("splittable") or kvec_form(shape, s):
