@@ -291,23 +291,23 @@ class Model:
         return (math.nan if bad and math.isfinite(loss) else loss), bad
 
     def _read_loss(self, blocking=True):
-        """This rank's loss as a callable: with ``blocking=False`` the reads are only enqueued,
-        and the call waits for them."""
-        if blocking:
-            loss = self._loss()
-            return lambda: loss
-        parts = []
-        for name in self.plan.losses:
-            b = self.plan.buffers[name]
-            out = np.empty(b.offset + b.size, self._exec.np_dtype)
-            parts.append((out[b.offset:], self._exec.read_span(b.role, b.offset, b.offset + b.size,
-                                                               out, blocking=False)))
+        """This rank's loss as a callable: with ``blocking=False`` the read is only enqueued,
+        and the call waits for it. The loss parts lie in the loss arena: one copy of the span
+        that holds them all (on an H200 each blocking read is an enqueue and a round trip)."""
+        bufs = [self.plan.buffers[name] for name in self.plan.losses]
+        lo = min((b.offset for b in bufs), default=0)
+        hi = max((b.offset + b.size for b in bufs), default=0)
+        assert all(b.role == "loss" for b in bufs), [b.role for b in bufs]
+        out = np.empty(hi, self._exec.np_dtype)
+        events = self._exec.read_span("loss", lo, hi, out, blocking=blocking)
 
         def total():
-            for _, events in parts:
-                for ev in events:
-                    ev.wait()
-            return float(sum(a.astype(np.float64).sum() for a, _ in parts))
+            for ev in events:
+                ev.wait()
+            return device_data.loss_total([out[b.offset:b.offset + b.size] for b in bufs])
+        if blocking:
+            loss = total()
+            return lambda: loss
         return total
 
     def _write_step(self):
@@ -315,7 +315,7 @@ class Model:
         optimizer and every kernel reading the step number (dropout) take. A replay or a run
         that changes nothing (gradients, evaluate) writes the same as the step it stands for."""
         if names.SCALARS in self.plan.buffers:
-            self._exec.write(names.SCALARS, self._scalars(self.step + 1))
+            self._exec.stage(names.SCALARS, self._scalars(self.step + 1))
 
     def _scalars(self, step):
         """The values of the scalar buffer before step number ``step`` (runtime/abi.STEP_SCALARS:
@@ -382,7 +382,7 @@ class Model:
                                f"compile it with loss={{output: kind}}")
 
     def _loss(self):
-        return device_data.loss_total([self._exec.read(b) for b in self.plan.losses])
+        return self._read_loss()()
 
     def _upload(self, feeds, targets=None):
         for name, arr in feeds.items():

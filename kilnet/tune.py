@@ -194,6 +194,7 @@ def candidates(target, kind, default, shape, stage, best):
         out = [{"local": list(p)} for p in pairs]
     elif stage == 0 and kind == "recurrence":
         out = [{"rows": r} for r in (1, 2, 4, 8, 16) if r <= shape["batch"]]
+        out += [{"cache": False}] if default.cache else []
     elif stage == 0 and kind == "map":
         dims = len(default.local)
         out = [{"local": [L] + [1] * (dims - 1)} for L in GROUPS if L >= 8]

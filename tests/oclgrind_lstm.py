@@ -5,7 +5,8 @@ Covered: the recurrence forward (training and inference) and backward, both sequ
 and 4, hidden 5 (several units per lane where the work-group is smaller) and 3, with and without
 the input gradient (overwritten and accumulated, the input also read by a second lstm), and the
 products around it; in both kernel forms and both CPU vector widths; and two samples per
-work-group at batch 3 (a last group of one sample).
+work-group at batch 3 (a last group of one sample), there with the lanes' weights cached the
+other way round from each form's default (the GPU's registers form and its uncached one).
 """
 import json
 import os
@@ -39,11 +40,13 @@ def run():
                      feeds, targets)
         exercise(kn.compile(build(T), batch=1, debug_buffers=True, poison=True),
                  {"x": feeds["x"][:1]})
-    # two samples per work-group, so that the last group has one (a partial group's rows)
+    # two samples per work-group, so that the last group has one (a partial group's rows), and
+    # the other way with the lanes' weights (GPU form: read each step; CPU form: in registers)
+    gpu = os.environ.get("KILNET_TARGET") == "gpu"
     with tempfile.TemporaryDirectory() as d:
         table = os.path.join(d, "rows.json")
         with open(table, "w") as f:
-            json.dump({"recurrence": {"rows": 2}}, f)
+            json.dump({"recurrence": {"rows": 2, "cache": not gpu}}, f)
         os.environ["KILNET_SCHEDULES"] = table
         try:
             model = kn.compile(build(4), batch=B, optimizer=kn.Adam(lr=1e-2), loss="mse",
@@ -51,6 +54,7 @@ def run():
         finally:
             del os.environ["KILNET_SCHEDULES"]
         assert any("min(2, 3 - s0)" in v for v in model.plan.sources.values()), "rows not taken"
+        assert any("gxn[" in v for v in model.plan.sources.values()) != gpu, "cache not taken"
         exercise(model, feeds, targets)
 
 

@@ -18,14 +18,37 @@ def _ref(P, x, node="lstm_1", sequences=True):
     return ref.lstm(x, *(P[f"{node}.{k}"] for k in NAMES), sequences)
 
 
-@pytest.mark.parametrize("form", ["cpu", "gpu"])
+# The kernel forms: the CPU's, the GPU's with its lanes' weights in registers (the policy's on a
+# GPU) and the GPU's reading them each step (a schedule table's "cache": false).
+FORMS = ["cpu", "gpu", "gpu-uncached"]
+
+
+def _form(monkeypatch, tmp_path, form):
+    monkeypatch.setenv("KILNET_TARGET", form.split("-")[0])
+    if form.endswith("uncached"):
+        table = tmp_path / "uncached.json"
+        table.write_text('{"recurrence": {"cache": false}}')
+        monkeypatch.setenv("KILNET_SCHEDULES", str(table))
+
+
+def _check_form(m, form):
+    """The form asked for is the one built (its marks: the cached form's private arrays)."""
+    srcs = [m.source(k.name) for k in m.kernels if k.name.endswith((".forward", ".backward"))
+            and "lstm" in k.name]
+    assert srcs, "no recurrence launch"
+    cached = [("gxn[" in s) or ("pl[" in s) for s in srcs]
+    assert all(cached) if form == "gpu" else not any(cached), (form, cached)
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("T,H,sequences,batch", [(1, 5, True, 3), (6, 7, False, 1), (4, 3, True, 2)])
-def test_forward_matches_the_reference(monkeypatch, form, dtype, T, H, sequences, batch):
-    monkeypatch.setenv("KILNET_TARGET", form)
+def test_forward_matches_the_reference(monkeypatch, tmp_path, form, dtype, T, H, sequences, batch):
+    _form(monkeypatch, tmp_path, form)
     g = kn.Graph("lstm_fwd")
     g.output("y", kn.lstm(g.input("x", (T, 3)), H, sequences=sequences))
     m = kn.compile(g, batch=batch, dtype=dtype, seed=1)
+    _check_form(m, form)
     x = np.random.default_rng(0).standard_normal((batch, T, 3))
     want = _ref(m.params, x, sequences=sequences)
     got = m.forward({"x": x})["y"]
@@ -43,11 +66,11 @@ def test_parameters_are_nn_lstms():
     assert all(0 < np.abs(m.params[k]).max() <= 1 / np.sqrt(5) for k in shapes)
 
 
-@pytest.mark.parametrize("form", ["cpu", "gpu"])
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("T,H,sequences,batch", [(1, 3, True, 1), (3, 5, False, 3), (4, 3, True, 2)])
-def test_gradients(monkeypatch, form, T, H, sequences, batch):
+def test_gradients(monkeypatch, tmp_path, form, T, H, sequences, batch):
     """Through every step: x feeds the LSTM and, beside it, a dense head (dx accumulates)."""
-    monkeypatch.setenv("KILNET_TARGET", form)
+    _form(monkeypatch, tmp_path, form)
     g = kn.Graph("lstm_grad")
     x = g.input("x", (T, 2))
     h = kn.lstm(x, H, sequences=sequences)
@@ -58,6 +81,7 @@ def test_gradients(monkeypatch, form, T, H, sequences, batch):
         hh = _ref(P, f["x"], sequences=sequences).reshape(len(f["x"]), -1)
         flat = np.concatenate([hh, ref.f64(f["x"]).reshape(len(f["x"]), -1)], 1)
         return {"y": ref.dense(flat, P["dense_1.weight"], P["dense_1.bias"], "tanh")}
+    _check_form(kn.compile(g, batch=batch, loss={"y": "mse"}, dtype="float64"), form)
     check_gradients(g, {"y": "mse"}, batch, fwd)
 
 

@@ -13,6 +13,7 @@ import pytest
 
 import kilnet as kn
 from kilnet.runtime import device as devmod
+from kilnet.policy import names
 from kilnet.runtime import executor, submit
 from devices_here import CPU_IMPLEMENTATIONS
 
@@ -258,8 +259,9 @@ def test_the_benchmark_compares_every_path_the_device_offers(monkeypatch, capsys
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_pinned_staging_of_feeds_computes_the_same_bits(monkeypatch, dtype):
-    """Feeds and targets staged through pinned host buffers (what a GPU executor does) give
-    the same bits as plain writes, step after step, with each staging buffer refilled while the
+    """Feeds, targets and the step's scalars staged through pinned host buffers (what a GPU
+    executor does) give the same bits as plain writes, step after step, with each staging
+    buffer refilled while the
     queue may still hold the copy of its last fill (float64 arrays converted into float32
     staging, as astype would)."""
     def compiled():
@@ -270,5 +272,6 @@ def test_pinned_staging_of_feeds_computes_the_same_bits(monkeypatch, dtype):
     staged._exec._staging = {}
     assert_identical(trace(staged), trace(plain))
     slots = staged._exec._staging
-    assert sorted(slots) == sorted([*staged.plan.feeds.values(), *staged.plan.targets.values()])
+    assert sorted(slots) == sorted([*staged.plan.feeds.values(), *staged.plan.targets.values(),
+                                    names.SCALARS])
     assert all(host.dtype == staged._exec.np_dtype for _, host, _ in slots.values())

@@ -59,6 +59,10 @@ from ..policy.schedule import cpu_products
 from ..policy.vectors import pow2_at_least, vector_width
 
 STAGE_BYTES = 16384        # a head's blocks staged in local memory up to this size (GPUs)
+# The staged forward keeps a round's rows of scores in local memory up to this size (with the
+# head's blocks, within 40 KiB of a group's local memory), else in P; reading them from P, W5's
+# forward attention (U 64, key_dim 16, 4 heads, batch 256) took 0.100 ms on an H200.
+ROW_BYTES = 24576
 # A head's V transposed in private memory up to HEAD_BYTES (CPUs): dS without dA in memory. W2 at
 # batch 32 had spent 0.6 ms writing dA (4 MB, the product dO·Vᵀ at K = 16) and 0.25 ms reading it
 # back with P; the one kernel takes 0.32-0.34 ms, and the train step 0.956-0.959x the time at
@@ -233,7 +237,7 @@ class GraphAttention(Op):
         return dict(mode=mode, B=B, U=U, H=H, DK=DK, sets=self.SETS,
                     scale=repr(1.0 / math.sqrt(DK)),
                     words=words, bits=bits, member=member, vmember=vmember,
-                    staged=staged, kend=self._key_end(node),
+                    staged=staged, kend=self._key_end(node), ploc=False,
                     VW=vector_width(ctx.target, ctx.ctype),
                     fma=ctx.target.kind == "cpu" and cpu_products(ctx.target).fma,
                     ivec="long" if ctx.ctype == "double" else "int")
@@ -245,7 +249,9 @@ class GraphAttention(Op):
             # A work-group per (sample, head); a team of T lanes per query, as many as a
             # group of up to U·U lanes gives each of U rows (at least one).
             L = consts["L"] = ctx.schedule(step, "group", items=U * U).local[0]
-            consts["T"] = max(1, L // pow2_at_least(U, L))
+            T = consts["T"] = max(1, L // pow2_at_least(U, L))
+            # forward: a round's rows of scores in local memory where they fit (padded to odd)
+            consts["ploc"] = self.SETS * (L // T) * (U + 1) * itemsize(ctx.ctype) <= ROW_BYTES
             return kernel(step, "graph_attention", consts, buffers, (B * H * L,), (L,))
         if mode == "backward_heads":          # a work-item per (sample, head): U rows of work
             return kernel(step, "graph_attention", consts, buffers,

@@ -19,6 +19,10 @@ the lanes, one per gate row, read neighbouring weights. The recurrence is inside
 so a plan has no T copies of a kernel and the plan kernel no T phases (its cost is T dependent
 steps inside the work-group, each a product of W_hh by the group's h and two barriers). The
 work-group holds its samples' h_{t−1} and the step's 4·hidden gate values in local memory.
+On GPUs (the schedule's ``cache``) each lane keeps its weights (a gate row's W_hh column
+forward; backward one of P ≤ 4 parts of a unit's column of W_hh, P·hidden lanes sharing
+dh = W_hhᵀ·dgates), its bias and carried c or dc in registers for all T steps, and loads the
+next step's inputs while this step's product runs.
 
 ONNX: the same maths in plain operators, unrolled over T (Gemm of the input part, then per step
 MatMul by W_hhᵀ, Sigmoid/Tanh, Mul/Add), which every runtime runs; ONNX's own LSTM operator
@@ -30,6 +34,7 @@ from ..kernels.gemm import column_sum, linear, linear_backward
 from ..policy.dtypes import itemsize
 
 from ..policy.schedule import RECURRENCE_BYTES as LOCAL_BYTES   # a sample's h and gates fit
+from ..policy.schedule import RECURRENCE_CACHE
 
 
 def lstm(x, hidden, sequences=True, name=None):
@@ -69,14 +74,28 @@ class LSTM(Op):
              f"memory per work-group in {ctx.ctype}; at most {LOCAL_BYTES}", GraphError)
         return T, C, H
 
-    def _recurrence(self, node, ctx, step, mode, bufs, T, H, items):
+    def _recurrence(self, node, ctx, step, mode, bufs, T, H, items, cache_items):
         """The launch that walks the steps: a work-group per ``rows`` samples (the "recurrence"
-        schedule), ``items`` lanes wanted."""
+        schedule), ``items`` lanes wanted (``cache_items`` by the cached form). Where the schedule caches (GPUs) and a lane's weights
+        fit in RECURRENCE_CACHE registers, the lanes keep them for all T steps (the template's
+        ``cache`` form); backward then cuts dh = W_hhᵀ·dgates over P parts of the 4·hidden gate
+        rows, so that P·hidden lanes share it rather than hidden lanes each summing 4·hidden."""
         item = itemsize(ctx.ctype)
-        s = ctx.schedule(step, "recurrence", items=items, batch=ctx.batch, sample_bytes=5 * H * item)
-        L, S = s.local[0], s.rows
+        s = ctx.schedule(step, "recurrence", items=items, cache_items=cache_items, batch=ctx.batch,
+                         sample_bytes=5 * H * item)
+        L, S, G = s.local[0], s.rows, 4 * H
+        # P parts, their partial sums P·S·H reals beside the gates' S·4H in the local budget
+        P = max(1, min(4, L // H, LOCAL_BYTES // (item * S * H) - 4))
+        KC = -(-G // P)
+        if mode == "forward":
+            cache = bool(s.cache) and G <= L and H <= RECURRENCE_CACHE
+        else:
+            cache = bool(s.cache) and P * H <= L and KC <= RECURRENCE_CACHE
+            if not cache:
+                bufs["dcn"] = out(ctx.scratch("dc", ctx.batch * H))
         consts = dict(mode=mode, T=T, H=H, L=L, S=S, B=ctx.batch, seq=node.attrs["sequences"],
-                      train=ctx.training)
+                      train=ctx.training, cache=cache, P=P, KC=KC, Q=-(-S * H // L),
+                      NA=4 if S == 1 else 2 if S == 2 else 1)
         return kernel(step, "lstm", consts, bufs, (-(-ctx.batch // S) * L,), (L,))
 
     def forward(self, node, ctx):
@@ -99,16 +118,15 @@ class LSTM(Op):
             bufs["acts"] = out(ctx.scratch("acts", rows * 4 * H))
             bufs["hprev"] = out(ctx.scratch("hprev", rows * H))
         bufs["out"] = out(ctx.y)
-        return ks + [self._recurrence(node, ctx, "forward", "forward", bufs, T, H, 4 * H)]
+        return ks + [self._recurrence(node, ctx, "forward", "forward", bufs, T, H, 4 * H, 4 * H)]
 
     def backward(self, node, ctx):
         T, C, H = self._sizes(node, ctx)
         rows = ctx.batch * T
         dgates = ctx.scratch("dgates", rows * 4 * H)
         bufs = {"dout": ctx.dy, "whh": ctx.p("weight_hh"), "acts": ctx.scratch("acts", rows * 4 * H),
-                "cs": ctx.scratch("c", rows * H), "dgates": out(dgates),
-                "dcn": out(ctx.scratch("dc", ctx.batch * H))}
-        ks = [self._recurrence(node, ctx, "backward", "backward", bufs, T, H, H)]
+                "cs": ctx.scratch("c", rows * H), "dgates": out(dgates)}
+        ks = [self._recurrence(node, ctx, "backward", "backward", bufs, T, H, H, 4 * H)]
         ks += linear_backward(ctx, "_ih", rows=rows, n_in=C, n_out=4 * H, dz=dgates, x=ctx.x(0),
                               weight=ctx.p("weight_ih"), dweight=ctx.dp("weight_ih"),
                               dx=ctx.dx(0), accumulate=ctx.acc(0))

@@ -221,6 +221,8 @@ class Schedule:
     #                       panel packed along n (True), or the k-vector form (False)
     vector: int = None    # elements per explicit vector (CPU forms; 1 on GPUs)
     split: int = None     # k-slices (gemm) or row slices (reductions) summed by a second launch
+    cache: bool = None    # a recurrence's lanes hold their weights and carried state in private
+    #                       memory across the steps (GPUs: registers; see recurrence_cache)
 
     def cover(self, *work):
         """(global, local) for ``work`` items per dimension, each rounded up to the group."""
@@ -229,7 +231,7 @@ class Schedule:
 
 # What an override may set, per family (the rest is derived from these or fixed by the template).
 TUNABLE = {"map": ("local",), "vector_map": ("local",), "group": ("local",),
-           "recurrence": ("local", "rows"),
+           "recurrence": ("local", "rows", "cache"),
            "gemm": ("tiles", "depth", "split"), "gemv": ("local",),
            "gemm_vec": ("block", "pack", "rows", "depth", "local", "split"),
            "column_sum": ("local", "split"),
@@ -392,10 +394,13 @@ def policy(target, kind, ctype="float", **shape):
         # head); recurrence: one walks the steps of `rows` samples (ops/lstm.py), shape items
         # (lanes wanted), batch, sample_bytes (local memory). Lanes: a power of two up to
         # GROUP_LANES.
-        lanes = target.lanes or pow2_at_least(shape["items"], min(GROUP_LANES, target.max_work_group))
+        # Recurrence: cache_items, the lanes its cached form wants (recurrence_cache).
+        cache = kind == "recurrence" and recurrence_cache(target)
+        items = shape["cache_items"] if cache else shape["items"]
+        lanes = target.lanes or pow2_at_least(items, min(GROUP_LANES, target.max_work_group))
         if kind == "group":
             return Schedule(local=(lanes,))
-        return Schedule(local=(lanes,), rows=recurrence_rows(target, shape))
+        return Schedule(local=(lanes,), rows=recurrence_rows(target, shape), cache=cache)
     if kind == "column_sum":     # shape: rows, cols
         if target.kind == "cpu" and not target.lanes:
             # A work-item per vector of V columns (4 rows at a time), in groups small enough for
@@ -432,7 +437,18 @@ def recurrence_rows(target, shape):
                       RECURRENCE_BYTES // shape["sample_bytes"]))
 
 
+def recurrence_cache(target):
+    """Whether a recurrence's lanes keep their weights (at most RECURRENCE_CACHE each), biases
+    and carried state in private memory for all T steps, load the next step's inputs while this
+    step's product runs, and split each dot product over independent accumulators: on a GPU
+    these are registers, and otherwise each step re-reads the weights (64 KiB a step for W4's
+    W_hh) and waits on a global load of its state. A CPU's work-items are vector lanes, where a
+    private array of 64 weights spills: there the weights come from W_hhᵀ's cache lines."""
+    return target.kind == "gpu"
+
+
 RECURRENCE_ROWS = 8            # a private accumulator per sample (see recurrence_rows)
+RECURRENCE_CACHE = 64          # the most weights one lane of a recurrence holds in registers
 RECURRENCE_BYTES = 32 * 1024   # the smallest local memory a recurrence's group may assume
 
 
@@ -771,7 +787,7 @@ def parse_table(raw, source="schedule table"):
             if field in ("vector", "split", "depth", "rows"):
                 if not _positive(v):
                     raise CompileError(f"{where} must be an int >= 1, got {v!r}")
-            elif field == "pack":
+            elif field in ("pack", "cache"):
                 if not isinstance(v, bool):
                     raise CompileError(f"{where} must be true or false, got {v!r}")
             else:

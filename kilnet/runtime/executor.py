@@ -214,7 +214,7 @@ class Executor:
         self._pending.append(data)   # a non-blocking copy reads it later; keep it alive
 
     def stage(self, name, array):
-        """``write``, for buffers fed every step (inputs, targets): on a GPU through a pinned
+        """``write``, for buffers fed every step (inputs, targets, the step's scalars): on a GPU through a pinned
         host buffer kept for ``name``, which the array is converted straight into and the device
         reads by DMA. Pageable memory costs a conversion and then a driver copy: W2's batch of
         32 (1 MB of float64 feeds and targets) took 0.31 ms that way and 0.20 ms staged on an
@@ -268,6 +268,8 @@ class Executor:
                   for mem, off, a, b in self._spans(role, lo, hi)]
         if blocking:
             self.cl.wait_for_events(events) if events else None
+            if queue is None:
+                self._pending.clear()    # the queue is in order: the writes before have run
         return events
 
     def write_span(self, role, lo, hi, src):
