@@ -55,6 +55,11 @@ class Executor:
         self.submit = submit.choose(self.device, self.queue, self.bound,
                                     printf=any("printf" in s for s in plan.sources.values()),
                                     setting=settings.enqueue)
+        # The step's own copies (stage, a blocking read_span) through ctypes where launches go
+        # that way; _syncs counts the blocking reads of the queue, after which (the queue runs in
+        # order) every copy enqueued before them has run.
+        self._copies = submit.host_copies(self.submit, self.device, self.queue)
+        self._syncs = 0
         groups = groups_for(self.device, settings.plan_groups) if plan.plan_kernel else None
         self.build_report = {}          # build_all's counts: programs, cached, children, ...
         programs = self._build_all()
@@ -230,23 +235,36 @@ class Executor:
             host, _ = cl.enqueue_map_buffer(self.queue, pinned, cl.map_flags.WRITE, 0, (b.size,),
                                             self.np_dtype, is_blocking=True)
             slot = self._staging[name] = [pinned, host, None]
-        _, host, last = slot
-        if last is not None:
+        pinned, host, last = slot
+        if isinstance(last, int):        # the count of syncs when its copy was enqueued
+            if last == self._syncs:
+                self.queue.finish()
+        elif last is not None:
             last.wait()
         src = np.asarray(array).reshape(-1)
         assert src.size == b.size, (name, src.size, b.size)
         np.copyto(host, src, casting="unsafe")      # as astype: the dtype's rounding
-        slot[2] = cl.enqueue_copy(self.queue, self._mem(name), host,
-                                  dst_offset=self._offset(name) * self.item,
-                                  is_blocking=False)
+        if self._copies is not None:
+            self._copies.write(self._mem(name), self._offset(name) * self.item, host.nbytes,
+                               host.ctypes.data)
+            slot[2] = self._syncs
+        else:
+            slot[2] = cl.enqueue_copy(self.queue, self._mem(name), host,
+                                      dst_offset=self._offset(name) * self.item,
+                                      is_blocking=False)
 
     def read(self, name):
         b = self.plan.buffers[name]
         out = np.empty(b.size, self.np_dtype)
         self.cl.enqueue_copy(self.queue, out, self._mem(name),
                              src_offset=self._offset(name) * self.item, is_blocking=True)
-        self._pending.clear()
+        self._synced()
         return out
+
+    def _synced(self):
+        """The queue has run everything enqueued so far (a blocking read returned)."""
+        self._pending.clear()
+        self._syncs += 1
 
     def _spans(self, role, lo, hi):
         """(allocation, element offset in it, element range in the role's layout) covering
@@ -262,14 +280,22 @@ class Executor:
         """Copy elements [lo, hi) of ``role``'s arena into ``out[lo:hi]`` (``out`` is laid out
         like the arena); returns the copies' events (each done once its data is in ``out``).
         ``queue``: another queue of the same context (then ``wait_for`` orders it)."""
+        spans = self._spans(role, lo, hi)
+        if blocking and queue is None and self._copies is not None:
+            for mem, off, a, b in spans:
+                dst = out[a:b]
+                assert dst.flags.c_contiguous and dst.dtype == self.np_dtype, (dst.flags, dst.dtype)
+                self._copies.read(mem, off * self.item, dst.nbytes, dst.ctypes.data)
+            self._synced()
+            return []
         events = [self.cl.enqueue_copy(queue or self.queue, out[a:b], mem,
                                        src_offset=off * self.item, is_blocking=False,
                                        wait_for=wait_for)
-                  for mem, off, a, b in self._spans(role, lo, hi)]
+                  for mem, off, a, b in spans]
         if blocking:
             self.cl.wait_for_events(events) if events else None
             if queue is None:
-                self._pending.clear()    # the queue is in order: the writes before have run
+                self._synced()           # the queue is in order: the writes before have run
         return events
 
     def write_span(self, role, lo, hi, src):
@@ -335,4 +361,4 @@ class Executor:
 
     def finish(self):
         self.queue.finish()
-        self._pending.clear()
+        self._synced()

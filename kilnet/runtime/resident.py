@@ -98,7 +98,7 @@ class DeviceArrays:
         if steps:
             cl.enqueue_copy(ex.queue, history, self.buffers["history"], is_blocking=False)
         cl.enqueue_copy(ex.queue, counters, self.buffers["counters"], is_blocking=True)
-        ex._pending.clear()
+        ex._synced()
         return history, counters
 
     def read_samples(self, index):
