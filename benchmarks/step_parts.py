@@ -5,12 +5,17 @@
 For each workload of benchmarks/vs_pytorch.py and batch, medians over --steps calls (after
 --warmup) of, in one process and alternating call by call:
   step      model.train_step(feeds, targets): checks, uploads, the train sequence, the loss read
-  upload    the uploads alone (feeds, targets, the step's scalars) then queue.finish()
+  upload    the uploads alone (feeds, targets, the step's scalars: on a GPU one copy) then
+            queue.finish()
   run       the train sequence alone then queue.finish() (its device time and the enqueue)
   read      the loss read alone (a blocking read of the loss span: one round trip)
   trip      one staged write of 4 bytes, an empty kernel, a blocking read of 4 bytes: the least
             round trip a host-fed step can take on this device and driver
   rest      step − upload − run − read: the Python around them
+  up_host, run_host   the host time until the uploads' (the run's) enqueues return, the queue
+            idle before: what the host spends before the device has the work
+With --cuda, PyTorch first makes a CUDA context on the GPU (idle), as vs_pytorch.py's process
+has: whether a second context alone slows kilnet's step.
 The step cannot take less than trip + the run's device time; PyTorch's CUDA graph step takes
 one copy in, one replay and one read (benchmarks/vs_pytorch.py's graph_ms).
 """
@@ -27,7 +32,6 @@ sys.path.insert(0, HERE)
 
 import kilnet as kn  # noqa: E402
 import vs_pytorch as vp  # noqa: E402
-from kilnet.policy import names  # noqa: E402
 
 
 def _medians(fns, steps, warmup):
@@ -71,10 +75,14 @@ def main():
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--cuda", action="store_true", help="a CUDA context first (PyTorch)")
     a = ap.parse_args()
+    if a.cuda:
+        import torch
+        torch.ones(1, device="cuda").sum().item()
     print(f"# kilnet step_parts: {' '.join(sys.argv[1:])}")
     print(f"{'workload':>8} {'batch':>5} {'step_ms':>8} {'upload':>8} {'run':>8} {'read':>8} "
-          f"{'trip':>8} {'rest':>8}")
+          f"{'trip':>8} {'rest':>8} {'up_host':>8} {'run_host':>8}")
     for key in a.only.split(","):
         _, build, _, _, data = vp.WORKLOADS[key]
         for b in map(int, a.batches.split(",")):
@@ -87,22 +95,34 @@ def main():
             ex = m._exec
             _, arrays = m._feeds(feeds)
             tarrays = m._targets(targets)
-            scalars = m._scalars(m.step + 1)
 
             def upload():
-                m._upload(arrays, tarrays)
-                ex.stage(names.SCALARS, scalars)
+                m._upload(arrays, tarrays, step=True)
                 ex.queue.finish()
 
             def run():
                 m._run(m._train)
                 ex.queue.finish()
+            def host(fn):
+                """fn's host time, the queue idle before it (finished after, untimed)."""
+                def timed():
+                    t0 = time.perf_counter()
+                    fn()
+                    dt = time.perf_counter() - t0
+                    ex.finish()
+                    return dt
+                return timed
+
             t = _medians({"step": lambda: m.train_step(feeds, targets), "upload": upload,
                           "run": run, "read": m._loss, "trip": _trip(m)}, a.steps, a.warmup)
+            hosts = {k: statistics.median(fn() for _ in range(a.steps)) for k, fn in (
+                ("up_host", host(lambda: m._upload(arrays, tarrays, step=True))),
+                ("run_host", host(lambda: m._run(m._train))))}
             rest = t["step"] - t["upload"] - t["run"] - t["read"]
             print(f"{key:>8} {b:>5} " + " ".join(f"{t[k] * 1e3:8.3f}" for k in
                                                   ("step", "upload", "run", "read", "trip"))
-                  + f" {rest * 1e3:8.3f}", flush=True)
+                  + f" {rest * 1e3:8.3f} {hosts['up_host'] * 1e3:8.3f} "
+                  f"{hosts['run_host'] * 1e3:8.3f}", flush=True)
 
 
 if __name__ == "__main__":

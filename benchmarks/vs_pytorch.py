@@ -599,10 +599,8 @@ def host_ms(enqueue, finish, steps):
 
 def kilnet_enqueue_step(model, feeds, targets):
     """What train_step does up to its blocking loss read: uploads and enqueues (internals)."""
-    from kilnet.policy import names
     _, arrays = model._feeds(feeds)
-    model._upload(arrays, model._targets(targets))
-    model._exec.write(names.SCALARS, model._scalars(model.step + 1))
+    model._upload(arrays, model._targets(targets), step=True)
     model._exec.run(model._train)
     model.step += 1
 

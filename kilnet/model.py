@@ -85,8 +85,7 @@ class Model:
         _, arrays = self._feeds(feeds)
         tarrays = self._targets(targets)
         with self._exec.lock:
-            self._upload(arrays, tarrays)
-            self._write_step()
+            self._upload(arrays, tarrays, step=True)
             if self._dist is not None:
                 loss, bad = self._exchange(self._grad)
                 if not bad:
@@ -126,8 +125,7 @@ class Model:
         _, arrays = self._feeds(feeds)
         tarrays = self._targets(targets)
         with self._exec.lock:
-            self._upload(arrays, tarrays)
-            self._write_step()
+            self._upload(arrays, tarrays, step=True)
             out = Gradients()
             if self._dist is not None:
                 # The mean over ranks, as one process with the whole batch would have it; input
@@ -174,8 +172,7 @@ class Model:
         _, arrays = self._feeds(feeds)
         tarrays = self._targets(targets)
         with self._exec.lock:
-            self._upload(arrays, tarrays)
-            self._write_step()
+            self._upload(arrays, tarrays, step=True)
             self._run(self._eval)
             if self._dist is not None:         # the mean over ranks: the whole batch's loss
                 return float(self._dist.allreduce_sum([self._loss()])[0]) / self.ranks
@@ -255,8 +252,7 @@ class Model:
             return dict(found, params=diagnose.non_finite_params(self.plan, self._exec.read))
         found = []
         with self._exec.lock:
-            self._upload(arrays, tarrays)
-            self._write_step()
+            self._upload(arrays, tarrays, step=True)
             seq = self.steps["evaluate"]
             self._launch(seq, after=diagnose.watch(self.plan, self.graph, seq, self._exec.read,
                                                    found.append))
@@ -384,11 +380,16 @@ class Model:
     def _loss(self):
         return self._read_loss()()
 
-    def _upload(self, feeds, targets=None):
-        for name, arr in feeds.items():
-            self._exec.stage(self.plan.feeds[name], arr)
-        for name, arr in (targets or {}).items():
-            self._exec.stage(self.plan.targets[name], arr)
+    def _upload(self, feeds, targets=None, step=False):
+        """Stage ``feeds`` and ``targets`` (and with ``step`` the step's scalars, _write_step):
+        on a GPU one copy for them all (runtime/staging.py)."""
+        with self._exec.staged():
+            for name, arr in feeds.items():
+                self._exec.stage(self.plan.feeds[name], arr)
+            for name, arr in (targets or {}).items():
+                self._exec.stage(self.plan.targets[name], arr)
+            if step:
+                self._write_step()
 
     def _feeds(self, feeds, partial=False):
         return check_feeds(self.graph, feeds, self.batch, self._exec.np_dtype, partial)

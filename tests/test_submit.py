@@ -13,8 +13,7 @@ import pytest
 
 import kilnet as kn
 from kilnet.runtime import device as devmod
-from kilnet.policy import names
-from kilnet.runtime import executor, submit
+from kilnet.runtime import executor, staging, submit
 from devices_here import CPU_IMPLEMENTATIONS
 
 B = 5
@@ -257,21 +256,47 @@ def test_the_benchmark_compares_every_path_the_device_offers(monkeypatch, capsys
         assert "# command_buffer: not available: KILNET_ENQUEUE=command_buffer" in out
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_pinned_staging_of_feeds_computes_the_same_bits(monkeypatch, dtype):
-    """Feeds, targets and the step's scalars staged through pinned host buffers (what a GPU
-    executor does) give the same bits as plain writes, step after step, with each staging
-    buffer refilled while the
-    queue may still hold the copy of its last fill (float64 arrays converted into float32
-    staging, as astype would)."""
+@pytest.mark.parametrize("dtype, path", [("float32", "ctypes"), ("float64", "ctypes"),
+                                         ("float32", "pyopencl")])
+def test_pinned_staging_of_feeds_computes_the_same_bits(monkeypatch, dtype, path):
+    """Feeds, targets and the step's scalars staged through the pinned mirror of their arenas
+    (runtime/staging.py: what a GPU executor does, forced here on a CPU device) give the same
+    bits as plain writes, step after step, the mirror refilled while the queue may still hold
+    its last copy (float64 arrays converted into float32 staging, as astype would), and around
+    steps on device data, whose gathers write those arenas. Every upload is one copy (through
+    ctypes, or pyopencl's enqueue_copy where launches go that way)."""
+    monkeypatch.setenv(submit.ENV, path)
+
     def compiled():
         return kn.compile(graph(), batch=B, loss="cross_entropy", optimizer=kn.Adam(lr=0.01),
                           dtype=dtype, seed=4)
-    plain, staged = compiled(), compiled()
-    assert plain._exec._staging is None        # a CPU device: plain writes
-    staged._exec._staging = {}
+    plain = compiled()
+    monkeypatch.setattr(executor.Executor, "stages", staticmethod(lambda device: True))
+    staged = compiled()
+    assert plain._exec._fed is None            # a CPU device: plain writes
+    fed = staged._exec._fed
+    assert (fed.copies is None) == (path == "pyopencl")
+    assert sorted(fed.at) == ["input", "scalar", "target"]
+    assert all(staged._exec.mems[r] is fed.mems[r] for r in fed.at)
+    assert fed.host.dtype == staged._exec.np_dtype
     assert_identical(trace(staged), trace(plain))
-    slots = staged._exec._staging
-    assert sorted(slots) == sorted([*staged.plan.feeds.values(), *staged.plan.targets.values(),
-                                    names.SCALARS])
-    assert all(host.dtype == staged._exec.np_dtype for _, host, _ in slots.values())
+    assert fed.copies_enqueued == 4 * 3 + 1    # trace: 4 × (train_step, evaluate, forward), gradients
+    rng = np.random.default_rng(5)
+    x, t = data(rng)
+    more = [data(rng) for _ in range(2)]
+    xs = {"x": np.concatenate([x["x"]] + [f["x"] for f, _ in more])}
+    ts = {"p": np.concatenate([t["p"]] + [g["p"] for _, g in more])}
+    for m in (plain, staged):
+        m.train_steps(m.upload(xs, ts), 4, seed=1)
+    assert_identical(trace(staged), trace(plain))
+
+
+def test_staging_copies_span_gaps_only_where_no_buffer_lies():
+    """staging.copy_runs: staged ranges merge across padding, never over a buffer that was not
+    staged (one the device writes, as step:ok, would get the mirror's stale bytes)."""
+    buffers = [(0, 5), (16, 20), (32, 38), (48, 49)]
+    assert staging.copy_runs([(16, 20), (0, 5)], buffers) == [(0, 20)]
+    assert staging.copy_runs([(0, 5), (32, 38)], buffers) == [(0, 5), (32, 38)]
+    assert staging.copy_runs([(0, 5), (16, 20), (32, 38)], buffers) == [(0, 38)]
+    assert staging.copy_runs([(48, 49), (0, 5), (0, 5)], buffers) == [(0, 5), (48, 49)]
+    assert staging.copy_runs([], buffers) == []

@@ -4,6 +4,7 @@ never layers.
 
 Arguments are set once, in the constructor, and never changed: a command buffer (submit.py)
 captures them when it records a launch sequence."""
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from ..errors import CompileError, MemoryCheckError
 from . import device as devmod
-from . import abi, extents, submit
+from . import abi, extents, staging, submit
 from .extents import SENTINEL
 from .plan_kernel import PlanKernelSubmit, groups_for, options as plan_kernel_options
 from .program import build, build_all, processes_for
@@ -48,9 +49,6 @@ class Executor:
         self.ctx, self.queue, _ = dc = self._dc = devmod.context(self.device)
         self.lock = threading.Lock()
         self._pending = []
-        # Pinned host staging per fed buffer (``stage``), on GPUs only: a CPU device reads host
-        # memory as it is (measured alike there, 0.11 ms either way for 1 MB of float64).
-        self._staging = {} if self.device.type & cl.device_type.GPU else None
         self.bound = {}                 # filled below; the submitter reads it at run time
         self.submit = submit.choose(self.device, self.queue, self.bound,
                                     printf=any("printf" in s for s in plan.sources.values()),
@@ -60,6 +58,10 @@ class Executor:
         # order) every copy enqueued before them has run.
         self._copies = submit.host_copies(self.submit, self.device, self.queue)
         self._syncs = 0
+        # The fed arenas staged through one pinned mirror (staging.py), on GPUs only: a CPU
+        # device reads host memory as it is (measured alike there, 0.11 ms either way for 1 MB
+        # of float64).
+        self._fed = None
         groups = groups_for(self.device, settings.plan_groups) if plan.plan_kernel else None
         self.build_report = {}          # build_all's counts: programs, cached, children, ...
         programs = self._build_all()
@@ -193,10 +195,17 @@ class Executor:
                 cl.enqueue_fill_buffer(self.queue, mem, self.np_dtype(0), g * self.item,
                                        mem.size - 2 * g * self.item)
         else:
-            self.mems = {role: cl.Buffer(self.ctx, flags, max(n, 1) * self.item)
+            if self.stages(self.device):
+                self._fed = staging.FedStaging(cl, self.ctx, self.queue, self.device, plan,
+                                               self.np_dtype, self._copies)
+                cl.enqueue_fill_buffer(self.queue, self._fed.parent, self.np_dtype(0), 0,
+                                       self._fed.parent.size)
+            fed = self._fed.mems if self._fed is not None else {}
+            self.mems = {role: fed.get(role) or cl.Buffer(self.ctx, flags, max(n, 1) * self.item)
                          for role, n in plan.arenas.items() if n}
-            for mem in self.mems.values():
-                cl.enqueue_fill_buffer(self.queue, mem, self.np_dtype(0), 0, mem.size)
+            for role, mem in self.mems.items():
+                if role not in fed:
+                    cl.enqueue_fill_buffer(self.queue, mem, self.np_dtype(0), 0, mem.size)
         if poison:
             for name in plan.poisonable:
                 b = plan.buffers[name]
@@ -218,40 +227,38 @@ class Executor:
                              dst_offset=self._offset(name) * self.item, is_blocking=False)
         self._pending.append(data)   # a non-blocking copy reads it later; keep it alive
 
+    @staticmethod
+    def stages(device):
+        """Whether feeds, targets and the step's scalars go through pinned staging (GPUs)."""
+        import pyopencl as cl
+        return bool(device.type & cl.device_type.GPU)
+
     def stage(self, name, array):
-        """``write``, for buffers fed every step (inputs, targets, the step's scalars): on a GPU through a pinned
-        host buffer kept for ``name``, which the array is converted straight into and the device
-        reads by DMA. Pageable memory costs a conversion and then a driver copy: W2's batch of
-        32 (1 MB of float64 feeds and targets) took 0.31 ms that way and 0.20 ms staged on an
-        H200 (float32 feeds: 0.13 and 0.12 ms). A staging buffer is refilled only once the copy
-        from its last fill has run."""
-        if self._staging is None:
+        """``write``, for buffers fed every step (inputs, targets, the step's scalars): on a GPU
+        converted straight into a pinned mirror of their arenas that the device reads by DMA
+        (staging.py), inside ``staged()`` one copy for all of a step's. Pageable memory costs a
+        conversion and then a driver copy: W2's batch of 32 (1 MB of float64 feeds and targets)
+        took 0.31 ms that way and 0.20 ms staged on an H200 (float32 feeds: 0.13 and 0.12 ms)."""
+        b = self.plan.buffers[name]
+        if self._fed is None or not self._fed.has(b.role):
             return self.write(name, array)
-        cl, b = self.cl, self.plan.buffers[name]
-        slot = self._staging.get(name)
-        if slot is None:
-            pinned = cl.Buffer(self.ctx, cl.mem_flags.READ_ONLY | cl.mem_flags.ALLOC_HOST_PTR,
-                               b.size * self.item)
-            host, _ = cl.enqueue_map_buffer(self.queue, pinned, cl.map_flags.WRITE, 0, (b.size,),
-                                            self.np_dtype, is_blocking=True)
-            slot = self._staging[name] = [pinned, host, None]
-        pinned, host, last = slot
-        if isinstance(last, int):        # the count of syncs when its copy was enqueued
-            if last == self._syncs:
-                self.queue.finish()
-        elif last is not None:
-            last.wait()
-        src = np.asarray(array).reshape(-1)
-        assert src.size == b.size, (name, src.size, b.size)
-        np.copyto(host, src, casting="unsafe")      # as astype: the dtype's rounding
-        if self._copies is not None:
-            self._copies.write(self._mem(name), self._offset(name) * self.item, host.nbytes,
-                               host.ctypes.data)
-            slot[2] = self._syncs
-        else:
-            slot[2] = cl.enqueue_copy(self.queue, self._mem(name), host,
-                                      dst_offset=self._offset(name) * self.item,
-                                      is_blocking=False)
+        self._fed.stage(b, array, lambda: self._syncs, self.finish)
+        if not self._fed.depth:
+            self._fed.flush(lambda: self._syncs)
+
+    @contextlib.contextmanager
+    def staged(self):
+        """Group ``stage`` calls: their copies are enqueued together when the group ends."""
+        if self._fed is None:
+            yield
+            return
+        self._fed.depth += 1
+        try:
+            yield
+        finally:
+            self._fed.depth -= 1
+            if not self._fed.depth:
+                self._fed.flush(lambda: self._syncs)
 
     def read(self, name):
         b = self.plan.buffers[name]
