@@ -29,8 +29,11 @@ Backward: out's GEMMs; dS (each set's softmax Jacobian: dS_qk = Σ_set A_qk(dA_q
 CPUs in one kernel per (sample, head) that forms dA along the keys from V transposed in private
 memory and never stores it (Σ_j A_qj·dA_qj = dO_q·O_q); else (larger heads) a row kernel after
 the GEMM dA_set = dO_set·Vᵀ; GEMMs batched over
-(sample, head) for dQ = dS·K, dK = dSᵀ·Q and dV = Σ_set A_setᵀ·dO_set; then the projections'
-weight and bias gradients, and dx as the sum of the three input products.
+(sample, head) for dQ = dS·K, dK = dSᵀ·Q and dV = Σ_set A_setᵀ·dO_set, which the staged kernel
+does itself where the head's blocks and its dS fit FUSED_BYTES of local memory (dS then never
+reaches memory); then the projections' weight and bias gradients, and dx as the sum of the
+three input products. The staged forward keeps a round's score rows in local memory where they
+fit ROW_BYTES (else in P's rows).
 self_attention (kilnet/ops/self_attention.py) is this op with one key set (every key, or keys
 k <= q when causal): the class and the template take ``SETS`` sets, each with its membership
 rule (``_rule``, ``_masks``), its P block and its columns of O.
@@ -55,7 +58,7 @@ from ..kernels.base import Op, Param, inout, int_attr, kernel, need, out, regist
 from ..kernels.gemm import gemm, linear, linear_backward, linears
 from ..kernels.index import b, k, m, n
 from ..policy.dtypes import itemsize
-from ..policy.schedule import cpu_products
+from ..policy.schedule import GROUP_LANES, cpu_products
 from ..policy.vectors import pow2_at_least, vector_width
 
 STAGE_BYTES = 16384        # a head's blocks staged in local memory up to this size (GPUs)
@@ -63,6 +66,9 @@ STAGE_BYTES = 16384        # a head's blocks staged in local memory up to this s
 # head's blocks, within 40 KiB of a group's local memory), else in P; reading them from P, W5's
 # forward attention (U 64, key_dim 16, 4 heads, batch 256) took 0.100 ms on an H200.
 ROW_BYTES = 24576
+# The staged backward does dQ, dK and dV itself (no dS in memory, three GEMM launches fewer)
+# where its local arrays fit this: W5's at batch 256 took 0.085 ms as three GEMMs on an H200.
+FUSED_BYTES = 40960
 # A head's V transposed in private memory up to HEAD_BYTES (CPUs): dS without dA in memory. W2 at
 # batch 32 had spent 0.6 ms writing dA (4 MB, the product dO·Vᵀ at K = 16) and 0.25 ms reading it
 # back with P; the one kernel takes 0.32-0.34 ms, and the train step 0.956-0.959x the time at
@@ -238,9 +244,20 @@ class GraphAttention(Op):
                     scale=repr(1.0 / math.sqrt(DK)),
                     words=words, bits=bits, member=member, vmember=vmember,
                     staged=staged, kend=self._key_end(node), ploc=False,
+                    fused=mode == "backward_scores" and self._fused(node, ctx),
                     VW=vector_width(ctx.target, ctx.ctype),
                     fma=ctx.target.kind == "cpu" and cpu_products(ctx.target).fma,
                     ivec="long" if ctx.ctype == "double" else "int")
+
+    def _fused(self, node, ctx):
+        """Whether the staged backward also does dQ, dK and dV (GPUs, where the head's Q, K, V,
+        every set's dO, dS and the reductions fit FUSED_BYTES of local memory)."""
+        B, U, W, H, DK, HD = self._dims(node, ctx)
+        item = itemsize(ctx.ctype)
+        DKP, DSP = DK + 1 - DK % 2, U + 1 - U % 2
+        need = (3 * U * DKP + self.SETS * U * DK + U * DSP + self.SETS * GROUP_LANES) * item
+        return (ctx.target.kind == "gpu" and 3 * U * DK * item <= STAGE_BYTES
+                and need <= FUSED_BYTES)
 
     def _attention(self, node, ctx, step, mode, buffers):
         consts = self._consts(node, ctx, mode)
@@ -306,13 +323,19 @@ class GraphAttention(Op):
         B, U, W, H, DK, HD = self._dims(node, ctx)
         s, R, S = self._buffers(node, ctx), B * U, self.SETS
         do = ctx.scratch("do", R * S * HD)
-        ds = ctx.scratch("ds", B * H * U * U)
         d = {p: ctx.scratch(f"d{p}", R * HD) for p in ("q", "k", "v")}
         # out: dO = dY·W_out, dW_out = dYᵀ·O, db_out = Σ dY
         ks = linear_backward(ctx, "_out", rows=R, n_in=S * HD, n_out=W, dz=ctx.dy, x=s["o"],
                              weight=ctx.p("out.weight"), dweight=ctx.dp("out.weight"),
                              dbias=ctx.dp("out.bias"), dx=do)
-        if self._consts(node, ctx, "backward_scores")["staged"]:
+        fused = self._consts(node, ctx, "backward_scores")["fused"]
+        ds = None if fused else ctx.scratch("ds", B * H * U * U)
+        if fused:
+            ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
+                                      {"V": s["v"], "P": s["p"], "dO": do, "Q": s["q"],
+                                       "K": s["k"], "dQ": out(d["q"]), "dK": out(d["k"]),
+                                       "dV": out(d["v"])}))
+        elif self._consts(node, ctx, "backward_scores")["staged"]:
             ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
                                       {"V": s["v"], "P": s["p"], "dO": do, "dS": out(ds)}))
         elif ctx.target.kind == "cpu" and U * DK * itemsize(ctx.ctype) <= HEAD_BYTES:
@@ -330,15 +353,15 @@ class GraphAttention(Op):
                                       {"P": s["p"], "dA": da, "dS": out(ds)}))
         BH, BHUU = B * H, B * H * U * U
         cols = (b // H) * (U * HD) + (b % H) * DK + n      # unit (m or k) added below
-        ks += gemm(ctx, "backward_q", M=U, N=DK, K=U, batch=BH, a=ds, w=s["k"], out=d["q"],
+        ks += [] if fused else gemm(ctx, "backward_q", M=U, N=DK, K=U, batch=BH, a=ds, w=s["k"], out=d["q"],
                    a_idx=b * (U * U) + m * U + k, b_idx=cols + k * HD,
                    c_idx=cols + m * HD, a_kfast=True, b_nfast=True)
-        ks += gemm(ctx, "backward_k", M=U, N=DK, K=U, batch=BH, a=ds, w=s["q"], out=d["k"],
+        ks += [] if fused else gemm(ctx, "backward_k", M=U, N=DK, K=U, batch=BH, a=ds, w=s["q"], out=d["k"],
                    a_idx=b * (U * U) + k * U + m, b_idx=cols + k * HD,
                    c_idx=cols + m * HD, a_kfast=False, b_nfast=True)
         # dV = Σ_set A_setᵀ·dO_set: k runs over (set, key) pairs (over the keys where one set)
         part, key = (k // U, k % U) if S > 1 else (0, k)
-        ks += gemm(ctx, "backward_v", M=U, N=DK, K=S * U, batch=BH, a=s["p"], w=do, out=d["v"],
+        ks += [] if fused else gemm(ctx, "backward_v", M=U, N=DK, K=S * U, batch=BH, a=s["p"], w=do, out=d["v"],
                    a_idx=part * BHUU + b * (U * U) + key * U + m,
                    b_idx=(b // H) * (U * S * HD) + key * (S * HD) + part * HD
                    + (b % H) * DK + n,

@@ -19,7 +19,8 @@ and V fit local memory, one kernel per (sample, head) does the rows' scores, sof
 elsewhere S = Q·Kᵀ and O = A·V are batched GEMMs around a row kernel for the softmax. Backward:
 out's GEMMs, dS_qk = A_qk(dA_qk − Σ_j A_qj·dA_qj)/√dk (dA = dO·Vᵀ, in one staged kernel on
 GPUs, on CPUs per (sample, head) from V transposed in private memory without storing dA, else
-a GEMM and a row kernel), GEMMs for dQ = dS·K, dK = dSᵀ·Q and dV = Aᵀ·dO, then the projections'
+a GEMM and a row kernel), GEMMs for dQ = dS·K, dK = dSᵀ·Q and dV = Aᵀ·dO (on GPUs the staged
+kernel's own, where the head's blocks and dS fit its local memory), then the projections'
 gradients, dx the sum of the three input products. The causal mask is the kernels' rule k <= q
 (excluded keys get probability exactly 0, so they add nothing to dS, dK or dV).
 """
