@@ -42,7 +42,8 @@ def _check_form(m, form):
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("T,H,sequences,batch", [(1, 5, True, 3), (6, 7, False, 1), (4, 3, True, 2)])
+@pytest.mark.parametrize("T,H,sequences,batch", [(1, 5, True, 3), (6, 7, False, 1), (4, 3, True, 2),
+                                                 (3, 8, False, 3)])
 def test_forward_matches_the_reference(monkeypatch, tmp_path, form, dtype, T, H, sequences, batch):
     _form(monkeypatch, tmp_path, form)
     g = kn.Graph("lstm_fwd")
@@ -67,9 +68,11 @@ def test_parameters_are_nn_lstms():
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("T,H,sequences,batch", [(1, 3, True, 1), (3, 5, False, 3), (4, 3, True, 2)])
+@pytest.mark.parametrize("T,H,sequences,batch", [(1, 3, True, 1), (3, 5, False, 3), (4, 3, True, 2),
+                                                 (3, 4, True, 3), (2, 6, False, 1)])
 def test_gradients(monkeypatch, tmp_path, form, T, H, sequences, batch):
-    """Through every step: x feeds the LSTM and, beside it, a dense head (dx accumulates)."""
+    """Through every step: x feeds the LSTM and, beside it, a dense head (dx accumulates).
+    Hidden 4, 6 and 8 give the GPU form's vector reads of h and of the gates (4 and 2 wide)."""
     _form(monkeypatch, tmp_path, form)
     g = kn.Graph("lstm_grad")
     x = g.input("x", (T, 2))
