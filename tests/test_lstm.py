@@ -72,7 +72,7 @@ def test_parameters_are_nn_lstms():
                                                  (3, 4, True, 3), (2, 6, False, 1)])
 def test_gradients(monkeypatch, tmp_path, form, T, H, sequences, batch):
     """Through every step: x feeds the LSTM and, beside it, a dense head (dx accumulates).
-    Hidden 4, 6 and 8 give the GPU form's vector reads of h and of the gates (4 and 2 wide)."""
+    Hidden 4 and 6 split the GPU form's backward product into parts of even length."""
     _form(monkeypatch, tmp_path, form)
     g = kn.Graph("lstm_grad")
     x = g.input("x", (T, 2))

@@ -94,7 +94,8 @@ class LSTM(Op):
             if not cache:
                 bufs["dcn"] = out(ctx.scratch("dc", ctx.batch * H))
         consts = dict(mode=mode, T=T, H=H, L=L, S=S, B=ctx.batch, seq=node.attrs["sequences"],
-                      train=ctx.training, cache=cache, P=P, KC=KC, Q=-(-S * H // L))
+                      train=ctx.training, cache=cache, P=P, KC=KC, Q=-(-S * H // L),
+                      NA=4 if S == 1 else 2 if S == 2 else 1)
         return kernel(step, "lstm", consts, bufs, (-(-ctx.batch // S) * L,), (L,))
 
     def forward(self, node, ctx):
