@@ -4,7 +4,6 @@ never layers.
 
 Arguments are set once, in the constructor, and never changed: a command buffer (submit.py)
 captures them when it records a launch sequence."""
-import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -62,6 +61,7 @@ class Executor:
         # device reads host memory as it is (measured alike there, 0.11 ms either way for 1 MB
         # of float64).
         self._fed = None
+        self._group = _Group(self)
         groups = groups_for(self.device, settings.plan_groups) if plan.plan_kernel else None
         self.build_report = {}          # build_all's counts: programs, cached, children, ...
         programs = self._build_all()
@@ -246,19 +246,10 @@ class Executor:
         if not self._fed.depth:
             self._fed.flush(lambda: self._syncs)
 
-    @contextlib.contextmanager
     def staged(self):
-        """Group ``stage`` calls: their copies are enqueued together when the group ends."""
-        if self._fed is None:
-            yield
-            return
-        self._fed.depth += 1
-        try:
-            yield
-        finally:
-            self._fed.depth -= 1
-            if not self._fed.depth:
-                self._fed.flush(lambda: self._syncs)
+        """Group ``stage`` calls (``with executor.staged(): ...``): their copies are enqueued
+        together when the group ends."""
+        return self._group
 
     def read(self, name):
         b = self.plan.buffers[name]
@@ -369,3 +360,23 @@ class Executor:
     def finish(self):
         self.queue.finish()
         self._synced()
+
+
+class _Group:
+    """``Executor.staged()``: a context that holds the fed copies until it ends (nested: the
+    outermost end)."""
+
+    def __init__(self, ex):
+        self.ex = ex
+
+    def __enter__(self):
+        if self.ex._fed is not None:
+            self.ex._fed.depth += 1
+
+    def __exit__(self, *exc):
+        fed = self.ex._fed
+        if fed is not None:
+            fed.depth -= 1
+            if not fed.depth:
+                fed.flush(lambda: self.ex._syncs)
+        return False

@@ -53,6 +53,7 @@ class FedStaging:
         self.buffers = [(self.at[b.role] + b.offset, self.at[b.role] + b.offset + b.size)
                         for b in plan.buffers.values() if b.role in self.at and b.size]
         self.dirty = []
+        self.runs = {}            # copy_runs of each tuple of dirty ranges seen (a step's recur)
         self.depth = 0            # open Executor.staged groups
         self.copied_at = None     # the executor's sync count when the last copy was enqueued
         self.copies_enqueued = 0
@@ -73,7 +74,11 @@ class FedStaging:
 
     def flush(self, syncs):
         """Enqueue the copies of what was staged since the last flush."""
-        for lo, hi in copy_runs(self.dirty, self.buffers):
+        key = tuple(self.dirty)
+        runs = self.runs.get(key)
+        if runs is None:
+            runs = self.runs[key] = copy_runs(self.dirty, self.buffers)
+        for lo, hi in runs:
             if self.copies is not None:
                 self.copies.write(self.parent, lo * self.item, (hi - lo) * self.item,
                                   self.host[lo:].ctypes.data)
