@@ -183,3 +183,15 @@ def test_stages_merge_something_in_the_fuzzed_sample():
         plan, pk, _ = quiet(pc.staged_plan, g, batch, kn.Adam())
         shared += sum(len(s) > 1 for s in pk.stages)
     assert shared >= 5, shared
+
+
+@pytest.mark.parametrize("form", ["cpu", "gpu"])
+@pytest.mark.parametrize("name", ["lstm_like", "attn_like"])
+def test_recurrence_and_attention_plans_in_any_stage_order_and_confined(monkeypatch, name, form):
+    """Issue 46's kernels in both forms (the GPU's: the LSTM's registers form, the staged
+    attention with its fused backward) at batch 3: the same bits with their stages reversed and
+    shuffled, and with every launch confined to the ranges it declares."""
+    from plan_kernel_models import MODELS
+    monkeypatch.setenv("KILNET_TARGET", form)
+    g = MODELS[name]()[0]
+    quiet(pc.check, g, 3, "adam")

@@ -201,7 +201,8 @@ class Executor:
                 cl.enqueue_fill_buffer(self.queue, self._fed.parent, self.np_dtype(0), 0,
                                        self._fed.parent.size)
             fed = self._fed.mems if self._fed is not None else {}
-            self.mems = {role: fed.get(role) or cl.Buffer(self.ctx, flags, max(n, 1) * self.item)
+            self.mems = {role: fed[role] if role in fed else
+                         cl.Buffer(self.ctx, flags, max(n, 1) * self.item)
                          for role, n in plan.arenas.items() if n}
             for role, mem in self.mems.items():
                 if role not in fed:

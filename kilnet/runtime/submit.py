@@ -171,7 +171,8 @@ class CtypesSubmit:
 
 class HostCopies:
     """The copies every step makes (feeds, targets and the step's scalars in, the loss out), each
-    one ctypes call with its argument list built once per (buffer, offset, size, host pointer):
+    one ctypes call with its argument list built once per (buffer, offset, size), the host
+    pointer put in per call (a read's array is new each time):
     pyopencl's enqueue_copy checks its arguments in Python and returns an event, and a read
     waited for through that event costs a second call. On a Xeon core (Intel's runtime) a
     non-blocking 256-byte write took 7.0 us through pyopencl and 4.1 through ctypes; a read
@@ -183,15 +184,15 @@ class HostCopies:
         self.calls = {}
 
     def _do(self, read, mem, offset, nbytes, ptr):
-        key = (read, mem.int_ptr, offset, nbytes, ptr)
-        call = self.calls.get(key)
-        if call is None:
+        key = (read, mem.int_ptr, offset, nbytes)
+        head = self.calls.get(key)
+        if head is None:
             # a write does not block (its host memory stays unchanged until the queue has run
             # it: the caller's part); a read blocks until the data is there
-            call = self.calls[key] = (self.queue, ctypes.c_void_p(mem.int_ptr), ctypes.c_uint(read),
-                                      ctypes.c_size_t(offset), ctypes.c_size_t(nbytes),
-                                      ctypes.c_void_p(ptr), ctypes.c_uint(0), None, None)
-        code = self.fns[read](*call)
+            head = self.calls[key] = (self.queue, ctypes.c_void_p(mem.int_ptr),
+                                      ctypes.c_uint(read), ctypes.c_size_t(offset),
+                                      ctypes.c_size_t(nbytes))
+        code = self.fns[read](*head, ctypes.c_void_p(ptr), ctypes.c_uint(0), None, None)
         if code:
             check(code, "clEnqueueReadBuffer" if read else "clEnqueueWriteBuffer", self.where)
 
