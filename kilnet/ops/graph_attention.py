@@ -61,6 +61,12 @@ from ..policy.dtypes import itemsize
 from ..policy.schedule import GROUP_LANES, cpu_products
 from ..policy.vectors import pow2_at_least, vector_width
 
+def odd(n):
+    """``n``, or ``n`` + 1 where even: the row stride of a block in local memory, so that the lanes
+    reading one column (a row each) hit distinct banks."""
+    return n + 1 - n % 2
+
+
 STAGE_BYTES = 16384        # a head's blocks staged in local memory up to this size (GPUs)
 # The staged forward keeps a round's rows of scores in local memory up to this size (with the
 # head's blocks, within 40 KiB of a group's local memory), else in P; reading them from P, W5's
@@ -244,6 +250,7 @@ class GraphAttention(Op):
                     scale=repr(1.0 / math.sqrt(DK)),
                     words=words, bits=bits, member=member, vmember=vmember,
                     staged=staged, kend=self._key_end(node), ploc=False,
+                    DKP=odd(DK), UP=odd(U),
                     fused=mode == "backward_scores" and self._fused(node, ctx),
                     VW=vector_width(ctx.target, ctx.ctype),
                     fma=ctx.target.kind == "cpu" and cpu_products(ctx.target).fma,
@@ -254,8 +261,7 @@ class GraphAttention(Op):
         every set's dO, dS and the reductions fit FUSED_BYTES of local memory)."""
         B, U, W, H, DK, HD = self._dims(node, ctx)
         item = itemsize(ctx.ctype)
-        DKP, DSP = DK + 1 - DK % 2, U + 1 - U % 2
-        need = (3 * U * DKP + self.SETS * U * DK + U * DSP + self.SETS * GROUP_LANES) * item
+        need = (3 * U * odd(DK) + self.SETS * U * DK + U * odd(U) + self.SETS * GROUP_LANES) * item
         return (ctx.target.kind == "gpu" and 3 * U * DK * item <= STAGE_BYTES
                 and need <= FUSED_BYTES)
 
@@ -268,7 +274,7 @@ class GraphAttention(Op):
             L = consts["L"] = ctx.schedule(step, "group", items=U * U).local[0]
             T = consts["T"] = max(1, L // pow2_at_least(U, L))
             # forward: a round's rows of scores in local memory where they fit (padded to odd)
-            consts["ploc"] = self.SETS * (L // T) * (U + 1) * itemsize(ctx.ctype) <= ROW_BYTES
+            consts["ploc"] = self.SETS * (L // T) * odd(U) * itemsize(ctx.ctype) <= ROW_BYTES
             return kernel(step, "graph_attention", consts, buffers, (B * H * L,), (L,))
         if mode == "backward_heads":          # a work-item per (sample, head): U rows of work
             return kernel(step, "graph_attention", consts, buffers,
@@ -319,6 +325,26 @@ class GraphAttention(Op):
                      weight=ctx.p("out.weight"), out=ctx.y, bias=ctx.p("out.bias"))
         return ks
 
+    def _head_products(self, ctx, B, U, H, DK, HD, S, s, ds, do, d):
+        """dQ = dS·K, dK = dSᵀ·Q and dV = Σ_set A_setᵀ·dO_set as GEMMs batched over (sample,
+        head), where the staged backward does not do them itself."""
+        BH, BHUU = B * H, B * H * U * U
+        cols = (b // H) * (U * HD) + (b % H) * DK + n      # unit (m or k) added below
+        ks = gemm(ctx, "backward_q", M=U, N=DK, K=U, batch=BH, a=ds, w=s["k"], out=d["q"],
+                  a_idx=b * (U * U) + m * U + k, b_idx=cols + k * HD,
+                  c_idx=cols + m * HD, a_kfast=True, b_nfast=True)
+        ks += gemm(ctx, "backward_k", M=U, N=DK, K=U, batch=BH, a=ds, w=s["q"], out=d["k"],
+                   a_idx=b * (U * U) + k * U + m, b_idx=cols + k * HD,
+                   c_idx=cols + m * HD, a_kfast=False, b_nfast=True)
+        # dV = Σ_set A_setᵀ·dO_set: k runs over (set, key) pairs (over the keys where one set)
+        part, key = (k // U, k % U) if S > 1 else (0, k)
+        ks += gemm(ctx, "backward_v", M=U, N=DK, K=S * U, batch=BH, a=s["p"], w=do, out=d["v"],
+                   a_idx=part * BHUU + b * (U * U) + key * U + m,
+                   b_idx=(b // H) * (U * S * HD) + key * (S * HD) + part * HD
+                   + (b % H) * DK + n,
+                   c_idx=cols + m * HD, a_kfast=False, b_nfast=True)
+        return ks
+
     def backward(self, node, ctx):
         B, U, W, H, DK, HD = self._dims(node, ctx)
         s, R, S = self._buffers(node, ctx), B * U, self.SETS
@@ -328,14 +354,15 @@ class GraphAttention(Op):
         ks = linear_backward(ctx, "_out", rows=R, n_in=S * HD, n_out=W, dz=ctx.dy, x=s["o"],
                              weight=ctx.p("out.weight"), dweight=ctx.dp("out.weight"),
                              dbias=ctx.dp("out.bias"), dx=do)
-        fused = self._consts(node, ctx, "backward_scores")["fused"]
+        consts = self._consts(node, ctx, "backward_scores")
+        fused = consts["fused"]
         ds = None if fused else ctx.scratch("ds", B * H * U * U)
         if fused:
             ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
                                       {"V": s["v"], "P": s["p"], "dO": do, "Q": s["q"],
                                        "K": s["k"], "dQ": out(d["q"]), "dK": out(d["k"]),
                                        "dV": out(d["v"])}))
-        elif self._consts(node, ctx, "backward_scores")["staged"]:
+        elif consts["staged"]:
             ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
                                       {"V": s["v"], "P": s["p"], "dO": do, "dS": out(ds)}))
         elif ctx.target.kind == "cpu" and U * DK * itemsize(ctx.ctype) <= HEAD_BYTES:
@@ -351,21 +378,8 @@ class GraphAttention(Op):
                        a_kfast=True, b_nfast=False)
             ks.append(self._attention(node, ctx, "backward_scores", "backward_scores",
                                       {"P": s["p"], "dA": da, "dS": out(ds)}))
-        BH, BHUU = B * H, B * H * U * U
-        cols = (b // H) * (U * HD) + (b % H) * DK + n      # unit (m or k) added below
-        ks += [] if fused else gemm(ctx, "backward_q", M=U, N=DK, K=U, batch=BH, a=ds, w=s["k"], out=d["q"],
-                   a_idx=b * (U * U) + m * U + k, b_idx=cols + k * HD,
-                   c_idx=cols + m * HD, a_kfast=True, b_nfast=True)
-        ks += [] if fused else gemm(ctx, "backward_k", M=U, N=DK, K=U, batch=BH, a=ds, w=s["q"], out=d["k"],
-                   a_idx=b * (U * U) + k * U + m, b_idx=cols + k * HD,
-                   c_idx=cols + m * HD, a_kfast=False, b_nfast=True)
-        # dV = Σ_set A_setᵀ·dO_set: k runs over (set, key) pairs (over the keys where one set)
-        part, key = (k // U, k % U) if S > 1 else (0, k)
-        ks += [] if fused else gemm(ctx, "backward_v", M=U, N=DK, K=S * U, batch=BH, a=s["p"], w=do, out=d["v"],
-                   a_idx=part * BHUU + b * (U * U) + key * U + m,
-                   b_idx=(b // H) * (U * S * HD) + key * (S * HD) + part * HD
-                   + (b % H) * DK + n,
-                   c_idx=cols + m * HD, a_kfast=False, b_nfast=True)
+        if not fused:
+            ks += self._head_products(ctx, B, U, H, DK, HD, S, s, ds, do, d)
         for i, p in enumerate(("q", "k", "v")):
             # dX (+)= dP·W_p: the k and v projections add to the q projection's part
             ks += linear_backward(ctx, f"_{p}", rows=R, n_in=W, n_out=HD, dz=d[p], x=ctx.x(0),

@@ -243,9 +243,11 @@ class Executor:
         b = self.plan.buffers[name]
         if self._fed is None or not self._fed.has(b.role):
             return self.write(name, array)
-        self._fed.stage(b, array, lambda: self._syncs, self.finish)
+        if self._fed.copied_at == self._syncs:     # its last copy may still read the mirror
+            self.finish()
+        self._fed.stage(b, array)
         if not self._fed.depth:
-            self._fed.flush(lambda: self._syncs)
+            self._fed.flush(self._syncs)
 
     def staged(self):
         """Group ``stage`` calls (``with executor.staged(): ...``): their copies are enqueued
@@ -379,5 +381,5 @@ class _Group:
         if fed is not None:
             fed.depth -= 1
             if not fed.depth:
-                fed.flush(lambda: self.ex._syncs)
+                fed.flush(self.ex._syncs)
         return False

@@ -61,11 +61,9 @@ class FedStaging:
     def has(self, role):
         return role in self.at
 
-    def stage(self, buffer, array, syncs, finish):
-        """Convert ``array`` into the mirror at ``buffer``'s place (after ``finish()`` where a
-        copy out of the mirror may not have run: no sync since it was enqueued)."""
-        if self.copied_at is not None and self.copied_at == syncs():
-            finish()
+    def stage(self, buffer, array):
+        """Convert ``array`` into the mirror at ``buffer``'s place (the executor first waits
+        where a copy out of the mirror may not have run: no sync since ``copied_at``)."""
         lo = self.at[buffer.role] + buffer.offset
         src = np.asarray(array).reshape(-1)
         assert src.size == buffer.size, (buffer.name, src.size, buffer.size)
@@ -73,7 +71,8 @@ class FedStaging:
         self.dirty.append((lo, lo + buffer.size))
 
     def flush(self, syncs):
-        """Enqueue the copies of what was staged since the last flush."""
+        """Enqueue the copies of what was staged since the last flush; ``syncs``: the executor's
+        count of queue syncs now (kept in ``copied_at`` when a copy is enqueued)."""
         key = tuple(self.dirty)
         runs = self.runs.get(key)
         if runs is None:
@@ -86,5 +85,5 @@ class FedStaging:
                 self.cl.enqueue_copy(self.queue, self.parent, self.host[lo:hi],
                                      dst_offset=lo * self.item, is_blocking=False)
             self.copies_enqueued += 1
-            self.copied_at = syncs()
+            self.copied_at = syncs
         self.dirty = []
