@@ -75,6 +75,7 @@ def one(index, seed, device, plant=None, dtype="float64"):
             fast = kn.compile(g, batch=batch, optimizer=_optimizers()[opt](), loss="mse",
                               dtype=dtype, device=device, seed=abs(index))
         run["path"] = fast._exec.submit.name
+        rec["folded"] = any(n.meta.get("terms") for n in fast.plan.graph.nodes)
         pk = fast.plan.plan_kernel
         run["stages"] = len(pk.stages) if pk else 0
         run["phases"] = len(pk.members) if pk else 0
@@ -194,7 +195,8 @@ def main():
             f"corpus graphs (negative indices): {len(corpus)}",
             f"# graphs: {len(recs)}; with a dead branch: {sum(bool(r.get('dead')) for r in recs)}; "
             f"with two inputs: {sum(r.get('inputs', 0) > 1 for r in recs)}; with a concat: "
-            f"{sum('concat' in r.get('ops', ()) for r in recs)}",
+            f"{sum('concat' in r.get('ops', ()) for r in recs)}; with an add folded into a norm: "
+            f"{sum(bool(r.get('folded')) for r in recs)}",
             f"# runs (graph x optimizer): {len(runs)}; through the plan kernel: "
             f"{sum(r['path'] == 'plan kernel' for r in runs)}; stages shared by several phases "
             f"in {sum(r['phases'] > r['stages'] for r in runs)}",

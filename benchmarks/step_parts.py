@@ -14,6 +14,9 @@ For each workload of benchmarks/vs_pytorch.py and batch, medians over --steps ca
   rest      step − upload − run − read: the Python around them
   up_host, run_host   the host time until the uploads' (the run's) enqueues return, the queue
             idle before: what the host spends before the device has the work
+With --variants 'default;KILNET_PLAN_MERGE=0;KILNET_PLAN_GROUPS=32' (say) it instead times the
+step and the run of one model per setting (environment variables set for its compile; default:
+none), call by call in turn, so that the settings are compared side by side.
 With --cuda, PyTorch first makes a CUDA context on the GPU (idle), as vs_pytorch.py's process
 has: whether a second context alone slows kilnet's step.
 The step cannot take less than trip + the run's device time; PyTorch's CUDA graph step takes
@@ -76,7 +79,10 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--cuda", action="store_true", help="a CUDA context first (PyTorch)")
+    ap.add_argument("--variants", default=None, help="settings to compare, ';'-separated")
     a = ap.parse_args()
+    if a.variants:
+        return compare(a)
     if a.cuda:
         import torch
         torch.ones(1, device="cuda").sum().item()
@@ -123,6 +129,40 @@ def main():
                                                   ("step", "upload", "run", "read", "trip"))
                   + f" {rest * 1e3:8.3f} {hosts['up_host'] * 1e3:8.3f} "
                   f"{hosts['run_host'] * 1e3:8.3f}", flush=True)
+
+
+def compare(a):
+    counts = a.variants.split(";")
+    print(f"# kilnet step_parts: {' '.join(sys.argv[1:])}")
+    for i, c in enumerate(counts):
+        print(f"# variant {i}: {c}")
+    print(f"{'workload':>8} {'batch':>5} " + " ".join(f"{f'step@{i}':>8} {f'run@{i}':>8}"
+                                                      for i in range(len(counts))))
+    for key in a.only.split(","):
+        _, build, _, _, data = vp.WORKLOADS[key]
+        for b in map(int, a.batches.split(",")):
+            fns = {}
+            for c in counts:
+                saved = dict(os.environ)
+                os.environ.update(v.split("=", 1) for v in c.split(",") if "=" in v)
+                g, loss = build()[:2]
+                m = kn.compile(g, batch=b, loss=loss, optimizer=kn.Adam(lr=1e-3),
+                               device=a.device, dtype="float32", seed=0)
+                feeds, targets = data(np.random.default_rng(0), b)
+                feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+                targets = {k: v.astype(np.float32) for k, v in targets.items()}
+
+                def run(m=m):
+                    m._run(m._train)
+                    m._exec.queue.finish()
+                fns[f"step@{c}"] = lambda m=m, f=feeds, t=targets: m.train_step(f, t)
+                fns[f"run@{c}"] = run
+                os.environ.clear()
+                os.environ.update(saved)
+            t = _medians(fns, a.steps, a.warmup)
+            print(f"{key:>8} {b:>5} " + " ".join(f"{t['step@' + c] * 1e3:8.3f} "
+                                                 f"{t['run@' + c] * 1e3:8.3f}" for c in counts),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -529,8 +529,9 @@ def median_ms(ts):
     return statistics.median(ts) * 1e3
 
 
-# Untimed calls open each block for at least this long (and at least one call).
-SETTLE_S = 0.02
+# Untimed calls open each block for at least this long (and at least one call); VS_SETTLE_S
+# sets another (both sides alike).
+SETTLE_S = float(os.environ.get("VS_SETTLE_S", 0.02))
 
 
 def alternate(fns, steps, warmup, block=10):

@@ -3,7 +3,8 @@ this under Oclgrind.
 
 Every buffer is its own allocation (debug_buffers) and rewritten buffers start as NaN (poison).
 Covered: layer_norm forward and backward with and without the input gradient (overwritten and
-accumulated), its gamma/beta column sums; pool1d max and avg, side by side and overlapping,
+accumulated), its gamma/beta column sums, an add folded into it (two terms, one of them read
+again: its gradient added to); pool1d max and avg, side by side and overlapping,
 forward and input gradient (overwritten and accumulated), channels in vectors (C = 8) and not;
 in both kernel forms and both CPU vector widths.
 """
@@ -21,7 +22,7 @@ def build():
     h = kn.layer_norm(kn.conv1d(x, 8, window=2, activation="relu"))      # (6, 8)
     p = kn.pool1d(h, 3, 1)                                               # (4, 8): overlapping
     q = kn.pool1d(h, 2, kind="avg")                                      # (3, 8)
-    g.output("y", kn.dense(kn.concat(kn.layer_norm(kn.pool1d(p, 2, 1)), q), 3))
+    g.output("y", kn.dense(kn.concat(kn.layer_norm(kn.add(kn.pool1d(p, 2, 1), q)), q), 3))
     g.output("z", kn.pool1d(kn.layer_norm(x), 5, 2, "max"))              # x's gradient adds
     g.output("w", kn.pool1d(kn.reshape(x, (-1, 7)), 3, 2, "avg"))        # (8, 7): C = 7
     return g

@@ -110,12 +110,13 @@ def lstm_like():
 
 
 def attn_like():
-    """self_attention (issue 46), causal and not: the staged attention kernels of one key set.
-    (One attention straight into another, graph_attention's as well, makes a GPU-form plan
+    """self_attention (issue 46), causal and not: the staged attention kernels of one key set,
+    and between them a post-norm residual, ln(attn + x): the add folded into the norm. (One attention straight into another, graph_attention's as well, makes a GPU-form plan
     kernel that Oclgrind cannot create: LLVM's llvm.bitreverse.i2, which it lacks.)"""
     g = kn.Graph("attn_like")
     x = g.input("x", (7, 4))
-    h = kn.self_attention(kn.add(kn.self_attention(x, 3, 2, causal=True), x), 1, 3)
+    r = kn.layer_norm(kn.add(kn.self_attention(x, 3, 2, causal=True), x))
+    h = kn.self_attention(r, 1, 3)
     g.output("y", kn.dense(h, 4))
     rng = np.random.default_rng(6)
     feeds = lambda n: {"x": rng.standard_normal((n, 7, 4))}

@@ -19,7 +19,7 @@ ACTS = [None] + sorted(kn.ACTIVATIONS)
 OPS = ["dense", "conv1d", "conv1d", "activation", "softmax", "concat", "concat", "add_norm",
        "reshape", "multi_window_conv", "graph_conv", "graph_attention", "batchnorm_stream",
        "gte_block", "dropout", "embedding", "layer_norm", "pool1d", "add", "mul", "transpose",
-       "position_encoding", "lstm", "self_attention"]
+       "position_encoding", "lstm", "self_attention", "residual_norm"]
 
 
 class Choices:
@@ -116,6 +116,12 @@ def build(c, max_ops=5, second_input=True):
             y = kn.concat(*parts)
         elif op == "layer_norm":
             y = kn.layer_norm(x, eps=c.pick([1e-5, 0.1]))
+        elif op == "residual_norm":       # ln(x + …): the add folded into the norm, or not
+            same = [v for v in values if v.shape == x.shape]          # may repeat x
+            s = kn.add(x, *[c.pick(same) for _ in range(c.integer(1, 2))])
+            if c.boolean():               # the sum read again: not folded
+                values.append(s)
+            y = kn.layer_norm(s, eps=c.pick([1e-5, 0.1]))
         elif op == "pool1d":
             if len(x.shape) != 2:      # make it (units, channels) first
                 x = kn.reshape(x, (-1, c.pick(divisors(x.size))))

@@ -8,6 +8,7 @@ that covers it must fail (issue 29). Which check covers which transformation:
 | the activation-derivative fusion (compiler/fusion.py) | ``Op.applies_input_derivative``, ``Op.preactivation`` | gradients against finite differences (below) |
 | the weight gradient formed in the update (``Op.outer_gradients``) | its dz, x and rows | train_step against the stored gradients' (below); its ranges by the extents check |
 | activation memory reused by liveness (inference plans) | ``Lowering.liveness`` | the inference plan against the training plan's forward, and placement against live ranges computed apart (below; test_plan.py); its stages by the checks above, which run inference plans too |
+| the sum fold (compiler/fusion.py: an add only a norm reads is not computed) | the count of the add's readers (``fusion.readers``) | gradients against central differences and the loss against the reference (below; test_norm_pool.py) |
 | the CPU gathers (conv1d's and multi_window_conv's input gradient as a product and a gather) | the gathered scratch's range and index maths | the extents and order checks on CPU-form plans, and gradients against finite differences (test_gradients.py, test_fuzz.py) |
 """
 import importlib
@@ -47,6 +48,18 @@ def test_a_producer_that_hides_its_activation_fails_the_gradient_check(monkeypat
     g.output("y", kn.dense(kn.dense(g.input("x", (3,)), 4, activation="tanh"), 2))
     with pytest.raises(AssertionError):
         check_gradients(g, {"y": "mse"}, batch=2)
+
+
+def test_an_add_said_to_have_one_reader_fails_the_gradient_check(monkeypatch):
+    """ln(s) + s folded as if the norm were the sum's one reader: s is then never computed."""
+    import test_norm_pool
+    fusion = importlib.import_module("kilnet.compiler.fusion")
+    check_gradients(test_norm_pool.residual_graph("pre"), {"y": "mse"}, 2,
+                    test_norm_pool.residual_reference("pre"))          # the truth passes
+    monkeypatch.setattr(fusion, "readers", lambda graph: {n.name: 1 for n in graph.nodes})
+    with pytest.raises(AssertionError):
+        check_gradients(test_norm_pool.residual_graph("pre"), {"y": "mse"}, 2,
+                        test_norm_pool.residual_reference("pre"))
 
 
 def test_an_outer_gradient_over_too_few_rows_fails_the_update_check(monkeypatch):

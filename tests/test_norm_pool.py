@@ -41,6 +41,62 @@ def test_layer_norm_value_used_twice(monkeypatch, form):
     check_gradients(g, {"y": "mse"}, 2, fwd)
 
 
+def residual_graph(case):
+    """layer_norm of an add (the sum fold, compiler/fusion.py), in the cases it must tell apart:
+    "post" ln(h + x), x also read by the dense (its gradient accumulates); "three" ln(h + x +
+    h), h passed twice (2·dz); "pre" the sum read again after the norm (no fold); "output" the
+    sum a graph output too (no fold)."""
+    g, (x,) = graph([("x", (3, 5))])
+    h = kn.reshape(kn.dense(x, 15, activation="tanh"), (3, 5))
+    s = kn.add(h, x, h) if case == "three" else kn.add(h, x)
+    y = kn.layer_norm(s, eps=1e-3)
+    g.output("y", kn.add(y, s) if case == "pre" else y)
+    if case == "output":
+        g.output("s", s)
+    return g
+
+
+def residual_reference(case):
+    def fwd(P, f):
+        t = ref.reshape(ref.dense(f["x"], P["dense_1.weight"], P["dense_1.bias"], "tanh"), (3, 5))
+        s = t + f["x"] + (t if case == "three" else 0)
+        y = ref.layer_norm(s, P["layer_norm_1.gamma"], P["layer_norm_1.beta"], 1e-3)
+        return {"y": y + s if case == "pre" else y, "s": s}
+    return fwd
+
+
+@pytest.mark.parametrize("form", ["cpu", "gpu"])
+@pytest.mark.parametrize("case", ["post", "three", "pre", "output"])
+def test_an_add_that_only_the_norm_reads_is_folded_into_it(monkeypatch, case, form):
+    """Folded where the norm is the sum's one reader: no launch of the add, the norm reading its
+    terms; gradients (every term's, accumulated where a term is read elsewhere too) against
+    central differences and the loss against the reference, in training and inference plans
+    (whose activation memory is reused by live ranges)."""
+    monkeypatch.setenv("KILNET_TARGET", form)
+    g = residual_graph(case)
+    loss = {"y": "mse", "s": "mse"} if case == "output" else {"y": "mse"}
+    fold = case in ("post", "three")
+    m = kn.compile(g, batch=2, loss=loss, dtype="float64", input_grads=True)
+    adds = [la.name for la in m.plan.launches if la.node == "add_1"]
+    assert (adds == []) == fold, adds
+    ln = m.plan.graph.node("layer_norm_1")
+    assert (ln.meta["terms"] is not None) == fold
+    if fold:
+        assert [v.name for v in ln.meta["terms"]] == [v.name for v in
+                                                        m.plan.graph.node("add_1").inputs]
+    check_gradients(g, loss, 2, residual_reference(case))
+    infer = kn.compile(residual_graph(case), batch=2, dtype="float64")
+    rng = np.random.default_rng(3)
+    for k, v in m.params.items():
+        infer.params[k] = v + rng.standard_normal(v.shape)
+    P = dict(infer.params.items())
+    f = {"x": rng.standard_normal((2, 3, 5))}
+    got = infer.forward(f)
+    want = residual_reference(case)(P, f)
+    for name in got:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-12)
+
+
 # -- pool1d ---------------------------------------------------------------------------------
 
 def pool_ref(P, f, window, step, kind):

@@ -1,5 +1,5 @@
-"""The activation-derivative fusion, as a pass over the graph that records its decisions in
-``node.meta``.
+"""Two passes over the graph that record their decisions in ``node.meta``: the activation-
+derivative fusion and the sum fold.
 
 A layer with an activation (``Op.preactivation``) turns its output gradient dy into dz = dy·act'
 (of its kept pre-activation z, or of its output) with a launch of its own. When that gradient has exactly one writer, and the
@@ -12,6 +12,16 @@ The pass records, for a training plan:
   for the inputs whose gradient it stores already scaled (``Context.dx_scale``);
 - ``meta["dy_prescaled"]`` on the producer (the root of a view chain): whether its output
   gradient arrives already scaled (``Context.dy_prescaled``).
+
+The sum fold (``fold_sums``): an ``add`` whose output only a normalisation reads (an op with
+``Op.takes_sum``: layer_norm's row kernel sums its inputs as add_norm's does), and that is no
+graph output, is not computed: the normalisation reads the add's inputs, sums them in its row
+pass forward and backward, and writes each of their gradients itself (the add's is dz for every
+input). Two launches and, in the plan kernel, two stages fewer (a post-norm residual block). It
+records ``meta["terms"]`` on the normalisation (the add's inputs, which ``Context`` then gives
+as the node's inputs) and ``meta["folded_into"]`` on the add (the normalisation's name). What it
+trusts is the count of the add's readers, taken here from the graph; the gradient and reference
+checks fail where it is wrong (tests/test_metadata_lies.py).
 """
 from ..ops import get_op
 
@@ -23,14 +33,51 @@ def root(node):
     return node
 
 
+def inputs_of(node):
+    """The values ``node``'s launches read as its inputs: the folded add's where it has one."""
+    return node.meta.get("terms") or node.inputs
+
+
+def readers(graph):
+    """{node name: how many times it is read}: once per (consumer, input) and per graph output
+    it is."""
+    count = {}
+    for node in graph.nodes:
+        for inp in node.inputs:
+            count[inp.name] = count.get(inp.name, 0) + 1
+    for node in graph.outputs.values():
+        count[node.name] = count.get(node.name, 0) + 1
+    return count
+
+
+def fold_sums(graph, dead=(), count=None):
+    """Record the sum fold's decisions (see the module's notes) in ``node.meta``; every node's
+    entries are rewritten. ``count``: the readers of each node (``readers``, the default)."""
+    count = readers(graph) if count is None else count
+    for node in graph.nodes:
+        node.meta["terms"], node.meta["folded_into"] = None, None
+    for node in graph.nodes:
+        if node.op == "input" or not get_op(node.op).takes_sum or node.name in dead:
+            continue
+        s = node.inputs[0]
+        if s.op == "add" and count.get(s.name) == 1 and s.name not in dead:
+            node.meta["terms"] = tuple(s.inputs)
+            s.meta["folded_into"] = node.name
+
+
+def folded(node):
+    return node.meta.get("folded_into") is not None
+
+
 def grad_writers(graph, loss, wants, dead=()):
     """How many launches write each gradient storage (by root name): one per (consumer, input)
     of a non-view node where the input wants a gradient, one per loss on an output. Consumers in
     ``dead`` (no output depends on them: their backward never runs) write none."""
     writers = {}
     for node in graph.nodes:
-        if node.op != "input" and not get_op(node.op).is_view and node.name not in dead:
-            for inp in node.inputs:
+        if node.op != "input" and not get_op(node.op).is_view and node.name not in dead and \
+                not folded(node):
+            for inp in inputs_of(node):
                 if wants[inp.name]:
                     writers[root(inp).name] = writers.get(root(inp).name, 0) + 1
     for out_name, kind in loss.items():
@@ -49,9 +96,9 @@ def fuse_activation_derivatives(graph, writers, wants, dead=()):
     for node in graph.nodes:
         op = get_op(node.op)
         if node.op == "input" or op.is_view or not op.applies_input_derivative or \
-                node.name in dead:
+                node.name in dead or folded(node):
             continue
-        for i, inp in enumerate(node.inputs):
+        for i, inp in enumerate(inputs_of(node)):
             r = root(inp)
             pre = get_op(r.op).preactivation(r)
             if wants[inp.name] and writers.get(r.name) == 1 and pre is not None:

@@ -21,7 +21,7 @@ from ..policy.plan import Arg, HostStep, Launch, Plan, ScalarArg
 from ..policy.schedule import OUTER_UPDATE_ROWS
 from ..policy.target import GPU
 from . import persistent, render, resident
-from .fusion import fuse_activation_derivatives, grad_writers, root
+from .fusion import fold_sums, folded, fuse_activation_derivatives, grad_writers, inputs_of, root
 from .render import Renderer
 
 
@@ -40,9 +40,11 @@ class Context:
         self.batch, self.ctype, self.target = lowering.batch, lowering.ctype, lowering.target
         self.ranks = lowering.ranks          # data-parallel ranks (batch is per rank)
         self._dx, self._acc = {}, {}
+        # what the node's launches read as inputs: the folded add's terms where it has them
+        self.inputs = inputs_of(node)
 
     def x(self, i):
-        return self._l.value_buffer(self.node.inputs[i])
+        return self._l.value_buffer(self.inputs[i])
 
     def schedule(self, step, kind="map", **shape):
         """The target's schedule (policy/schedule.py) of this node's launch ``step``."""
@@ -119,7 +121,7 @@ class Context:
             return None
         if pre[1] is None:
             return pre[0], self.x(i)
-        z = names.scratch(root(self.node.inputs[i]).name, pre[1])
+        z = names.scratch(root(self.inputs[i]).name, pre[1])
         if z not in self._l.buffers or self.acc(i):
             raise AssertionError(f"{self.node.name}: input {i}'s producer declares a pre-activation "
                                  f"{z} that its forward did not keep, or has other writers")
@@ -237,7 +239,7 @@ class Lowering:
             if node.op == "input":
                 self.value_buffer(node)
                 continue
-            if op.is_view or node.name in self.dead:
+            if op.is_view or node.name in self.dead or folded(node):
                 continue
             self.emit(node.name, "forward" if training else "infer",
                       op.forward(node, Context(self, node, training)))
@@ -300,7 +302,7 @@ class Lowering:
             if node.op == "input" or op.is_view or root(node).name not in written:
                 continue
             ctx = Context(self, node, True)
-            for i, inp in enumerate(node.inputs):
+            for i, inp in enumerate(ctx.inputs):
                 if i not in op.index_inputs(node):     # integer ids get no gradient
                     contribute(ctx, i, inp)
             self.choose_outer(node, op, ctx)
@@ -427,6 +429,9 @@ class Lowering:
         """(first, last) forward step of each activation buffer, for inference-plan reuse."""
         live = {}
         steps = {n.name: i for i, n in enumerate(self.graph.nodes)}
+        for n in self.graph.nodes:             # a folded add's inputs are read by its norm
+            if folded(n):
+                steps[n.name] = steps[n.meta["folded_into"]]
         end = len(self.graph.nodes)
         for node in self.graph.nodes:
             r = root(node).name
@@ -506,6 +511,7 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                       f"they are", DeadBranchWarning)
     lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target, ranks,
                   seed, rank)
+    fold_sums(graph, {n.name for n in dead})
     lo.declare_params()
     lo.forward()
     if loss:

@@ -180,6 +180,10 @@ class Op:
     # gradient, so that act' of the input's producer is applied as dx is stored (the
     # activation-derivative fusion, compiler/fusion.py).
     fused_losses = ()          # loss kinds this op computes itself from its input (``loss``)
+    takes_sum = False
+    # True when the op's launches read any number of inputs through ``ctx.x(i)`` for
+    # i < len(ctx.inputs) as the sum of them, and write dx(i) for each, where its one input is an
+    # add that nothing else reads (the sum fold, compiler/fusion.py).
 
     def index_inputs(self, node):
         """{input index: bound} for inputs that hold integer indices in [0, bound) (embedding's

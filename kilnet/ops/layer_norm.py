@@ -7,6 +7,10 @@ g = dy·gamma, the input gradient is add_norm's: dx = inv/D·(D·g − Σg − �
 the row; the parameter gradients are sums over every row of the batch (every position of every
 sample): dgamma = Σ dy·ẑ, dbeta = Σ dy. The backward row kernel writes dy·ẑ to scratch and two
 column sums (kernels/gemm.py's ``column_sum``, as dense's bias gradient) reduce it and dy.
+
+Where its input is an add that nothing else reads (a post-norm residual, ln(x + f(x))), the
+add is folded in (compiler/fusion.py's sum fold): the row kernel reads the add's inputs and
+sums them, and writes each one's gradient (dx, the add's for every input).
 """
 import math
 
@@ -49,19 +53,25 @@ class LayerNorm(Op):
         return e.op("Add", [e.op("Mul", [z, e.param(node, "gamma")]), e.param(node, "beta")],
                     "affine")
 
+    takes_sum = True
+
     def forward(self, node, ctx):
+        terms = {f"in{i}": ctx.x(i) for i in range(len(ctx.inputs))}
         return [row_launch("forward", node, ctx, "forward", node.attrs["eps"],
-                           {"in0": ctx.x(0), "gamma": ctx.p("gamma"), "beta": ctx.p("beta"),
+                           {**terms, "gamma": ctx.p("gamma"), "beta": ctx.p("beta"),
                             "out": out(ctx.y)}, affine=True)]
 
     def backward(self, node, ctx):
         rows, D = ctx.batch * node.size // node.shape[-1], node.shape[-1]
         dyz = ctx.scratch("dy_xhat", ctx.batch * node.size)
-        bufs = {"in0": ctx.x(0), "gamma": ctx.p("gamma"), "dout": ctx.dy, "dyz": out(dyz)}
-        if ctx.dx(0):
-            bufs["din0"] = out(ctx.dx(0), ctx.acc(0))
+        n = len(ctx.inputs)
+        bufs = {**{f"in{i}": ctx.x(i) for i in range(n)},
+                "gamma": ctx.p("gamma"), "dout": ctx.dy, "dyz": out(dyz)}
+        grads = [(i, ctx.acc(i)) for i in range(n) if ctx.dx(i)]
+        for i, acc in grads:
+            bufs[f"din{i}"] = out(ctx.dx(i), acc)
         ks = [row_launch("backward_input", node, ctx, "backward", node.attrs["eps"], bufs,
-                         affine=True, grads=[(0, ctx.acc(0))] if ctx.dx(0) else ())]
+                         affine=True, grads=grads)]
         ks += column_sum(ctx, "backward_gamma", rows=rows, cols=D, src=dyz, out=ctx.dp("gamma"))
         ks += column_sum(ctx, "backward_beta", rows=rows, cols=D, src=ctx.dy, out=ctx.dp("beta"))
         return ks
