@@ -8,7 +8,7 @@ that covers it must fail (issue 29). Which check covers which transformation:
 | the activation-derivative fusion (compiler/fusion.py) | ``Op.applies_input_derivative``, ``Op.preactivation`` | gradients against finite differences (below) |
 | the weight gradient formed in the update (``Op.outer_gradients``) | its dz, x and rows | train_step against the stored gradients' (below); its ranges by the extents check |
 | activation memory reused by liveness (inference plans) | ``Lowering.liveness`` | the inference plan against the training plan's forward, and placement against live ranges computed apart (below; test_plan.py); its stages by the checks above, which run inference plans too |
-| the sum fold (compiler/fusion.py: an add only a norm reads is not computed) | the count of the add's readers (``fusion.readers``) | gradients against central differences and the loss against the reference (below; test_norm_pool.py) |
+| the sum fold (compiler/fusion.py: an add only a norm reads is not computed) | the count of the add's readers (``fusion.readers``), ``Op.is_sum``, ``Op.takes_sum`` | gradients against central differences and the loss against the reference (below; test_norm_pool.py) |
 | the CPU gathers (conv1d's and multi_window_conv's input gradient as a product and a gather) | the gathered scratch's range and index maths | the extents and order checks on CPU-form plans, and gradients against finite differences (test_gradients.py, test_fuzz.py) |
 """
 import importlib
@@ -60,6 +60,32 @@ def test_an_add_said_to_have_one_reader_fails_the_gradient_check(monkeypatch):
     with pytest.raises(AssertionError):
         check_gradients(test_norm_pool.residual_graph("pre"), {"y": "mse"}, 2,
                         test_norm_pool.residual_reference("pre"))
+
+
+@pytest.mark.parametrize("lie", ["mul is a sum", "dense takes a sum"])
+def test_an_op_said_to_be_a_sum_or_to_take_one_fails_the_gradient_check(monkeypatch, lie):
+    """ln(h·x) folded as if mul were a sum; dense(h + x) as if dense's product summed its
+    inputs (it reads the first term alone). Either model is its own consistent function, so
+    its gradients match its own differences: the loss against the reference fails."""
+    def graph():
+        g = kn.Graph("sum_lie")
+        x = g.input("x", (3, 5))
+        h = kn.reshape(kn.dense(x, 15, activation="tanh"), (3, 5))
+        y = kn.layer_norm(kn.mul(h, x)) if lie == "mul is a sum" else kn.dense(kn.add(h, x), 2)
+        g.output("y", y)
+        return g
+    import reference
+
+    def check():
+        g = graph()
+        check_gradients(g, {"y": "mse"}, 2, lambda P, f: reference.interpret(g, P, f, True))
+    check()                                                            # the truth passes
+    if lie == "mul is a sum":
+        monkeypatch.setattr(importlib.import_module("kilnet.ops.mul").Mul, "is_sum", True)
+    else:
+        monkeypatch.setattr(importlib.import_module("kilnet.ops.dense").Dense, "takes_sum", True)
+    with pytest.raises(AssertionError):
+        check()
 
 
 def test_an_outer_gradient_over_too_few_rows_fails_the_update_check(monkeypatch):

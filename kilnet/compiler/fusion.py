@@ -13,8 +13,8 @@ The pass records, for a training plan:
 - ``meta["dy_prescaled"]`` on the producer (the root of a view chain): whether its output
   gradient arrives already scaled (``Context.dy_prescaled``).
 
-The sum fold (``fold_sums``): an ``add`` whose output only a normalisation reads (an op with
-``Op.takes_sum``: layer_norm's row kernel sums its inputs as add_norm's does), and that is no
+The sum fold (``fold_sums``): a sum (an op with ``Op.is_sum``: add) whose output only a
+normalisation reads (an op with ``Op.takes_sum``: layer_norm's row kernel sums its inputs as add_norm's does), and that is no
 graph output, is not computed: the normalisation reads the add's inputs, sums them in its row
 pass forward and backward, and writes each of their gradients itself (the add's is dz for every
 input). Two launches and, in the plan kernel, two stages fewer (a post-norm residual block). It
@@ -60,7 +60,7 @@ def fold_sums(graph, dead=(), count=None):
         if node.op == "input" or not get_op(node.op).takes_sum or node.name in dead:
             continue
         s = node.inputs[0]
-        if s.op == "add" and count.get(s.name) == 1 and s.name not in dead:
+        if get_op(s.op).is_sum and count.get(s.name) == 1 and s.name not in dead:
             node.meta["terms"] = tuple(s.inputs)
             s.meta["folded_into"] = node.name
 

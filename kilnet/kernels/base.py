@@ -180,6 +180,7 @@ class Op:
     # gradient, so that act' of the input's producer is applied as dx is stored (the
     # activation-derivative fusion, compiler/fusion.py).
     fused_losses = ()          # loss kinds this op computes itself from its input (``loss``)
+    is_sum = False             # output = the elementwise sum of its inputs, dx_i = dy (add)
     takes_sum = False
     # True when the op's launches read any number of inputs through ``ctx.x(i)`` for
     # i < len(ctx.inputs) as the sum of them, and write dx(i) for each, where its one input is an

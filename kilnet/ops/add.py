@@ -60,6 +60,7 @@ def gradient_stores(ctx, count, expr):
 class Add(Op):
     kind = "add"
     builder = add
+    is_sum = True
 
     def infer(self, node):
         return same_shapes(node)
