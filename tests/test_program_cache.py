@@ -27,9 +27,11 @@ def fresh_build(source=SOURCE):
 
 
 def entries(cache):
-    """The program cache's entries (the device probe's answers, written when this process
-    probes first, are not one)."""
-    return sorted(p.suffix for p in cache.iterdir() if p.name != "probes.json")
+    """The program cache's entries, named by a source's hash (the device probe's answers, the
+    ICD folder and the loader record, written when this process first makes a context, are
+    not one)."""
+    return sorted(p.suffix for p in cache.iterdir()
+                  if len(p.stem) == 64 and all(c in "0123456789abcdef" for c in p.stem))
 
 
 def run(prg, ctx, queue):
@@ -189,3 +191,54 @@ def test_a_source_that_does_not_build_is_reported_by_this_process(cache, in_chil
     out = program.build_all((ctx, queue, {}), good, cache_dir=settings.read().cache,
                             where=devmod.index_of(devmod.select(None)), processes=2, report=report)
     assert sorted(out) == sorted(name for name, _s, _o in good) and report["cached"] >= 2
+
+
+class Terminal:
+    """A standard error that says it is a terminal, keeping what is written to it."""
+
+    def __init__(self, tty=True):
+        self.text, self.tty = "", tty
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("processes", [1, 3])
+def test_a_compile_that_builds_shows_a_progress_line_on_a_terminal_only(tmp_path, monkeypatch,
+                                                                         in_children, processes):
+    """On a terminal: one line, rewritten in place, counting up to every program built (this
+    process's and its children's), then cleared; off a terminal, and with every program
+    cached, nothing."""
+    import sys
+    monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("KILNET_BUILD_PROCESSES", str(processes))
+    g = kn.Graph("progress")
+    g.output("y", kn.dense(kn.dense(g.input("x", (7,)), 5, activation="tanh"), 3))
+    for tty in (False, True):
+        term = Terminal(tty)
+        monkeypatch.setattr(sys, "stderr", term)
+        devmod.context(devmod.select(None))[2].clear()
+        m = kn.compile(g, batch=4 + tty, optimizer=kn.SGD(lr=0.1), loss="mse", seed=1)
+        n = len(m.plan.sources)
+        if not tty:
+            assert term.text == ""
+            continue
+        shown = [p for p in term.text.split("\r") if p.strip()]
+        where = devmod.select(None).name.strip()
+        assert shown[0].strip() == f"kilnet: building programs for {where}: 0 of {n}"
+        assert shown[-1].strip() == f"kilnet: building programs for {where}: {n} of {n}"
+        counts = [int(p.split(": ")[-1].split(" of ")[0]) for p in shown]
+        assert counts == sorted(counts) and len(shown) > (2 if processes == 1 else 1)
+        assert term.text.endswith("\r") and "\n" not in term.text      # cleared, one line
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    devmod.context(devmod.select(None))[2].clear()
+    kn.compile(g, batch=5, optimizer=kn.SGD(lr=0.1), loss="mse", seed=1)   # a second time
+    deferred = devmod.implementation(devmod.select(None)) in program.DEFERRED
+    assert deferred or term.text == ""            # every binary cached (PoCL saves them now)

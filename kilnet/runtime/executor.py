@@ -14,7 +14,8 @@ from . import device as devmod
 from . import abi, extents, staging, submit
 from .extents import SENTINEL
 from .plan_kernel import PlanKernelSubmit, groups_for, options as plan_kernel_options
-from .program import build, build_all, processes_for
+from .program import build, build_all, missing_from, processes_for
+from .progress import BuildProgress
 
 NP_DTYPE = {"float32": np.float32, "float64": np.float64}
 GUARD = 64      # elements of guard before and after each buffer with debug_buffers (keeps alignment)
@@ -97,10 +98,18 @@ class Executor:
                              where=devmod.index_of(self.device),
                              processes=processes_for(self.settings.build_processes),
                              report=self.build_report)
-        with ThreadPoolExecutor(1) as pool:
-            big = pool.submit(one, pk)
-            out = {k: one(k) for k in plan.sources if k != pk}
-            out[pk] = big.result()
+        items = [(k, plan.sources[k], options(k)) for k in plan.sources]
+        todo = {k for k, _s, _o in missing_from(self._dc, items, self.settings.cache)}
+        with BuildProgress(len(todo), self.device.name.strip()) as progress:
+            def counted(name):
+                program = one(name)
+                if name in todo:
+                    progress.built()
+                return program
+            with ThreadPoolExecutor(1) as pool:
+                big = pool.submit(counted, pk)
+                out = {k: counted(k) for k in plan.sources if k != pk}
+                out[pk] = big.result()
         return out
 
     def bind(self, launch, k, name=None):

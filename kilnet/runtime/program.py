@@ -23,6 +23,7 @@ import warnings
 from ..errors import CompileError
 from . import cachefile
 from .device import implementation
+from .progress import BuildProgress
 
 # Implementations whose program binary costs a compile of its own when asked for (PoCL's native
 # code): saved the second time a source is built, not the first.
@@ -140,6 +141,15 @@ def processes_for(setting):
         return os.cpu_count() or 1
 
 
+def missing_from(device_ctx, items, cache_dir):
+    """The items [(name, source, options)] neither built in this process nor in the cache."""
+    ctx, _queue, built_here = device_ctx
+    device = ctx.devices[0]
+    return [(name, src, opts) for name, src, opts in items
+            if _cache_key(src, list(opts)) not in built_here
+            and not os.path.exists(cache_stem(device, src, opts, cache_dir) + ".bin")]
+
+
 def build_all(device_ctx, items, *, cache_dir, dump=None, where=None, processes=1, report=None):
     """{name: built program} for ``items`` [(name, source, options)], as ``build`` gives each.
     Where the implementation is one of IN_CHILDREN, ``processes`` > 1 and enough programs are
@@ -149,12 +159,16 @@ def build_all(device_ctx, items, *, cache_dir, dump=None, where=None, processes=
     cache as ``build`` does, so a program a child did not leave is built here, and its error,
     if any, raised here. ``report`` (a dict) gets the counts: programs, cached, children,
     built_by_children."""
-    ctx, _queue, built_here = device_ctx
+    missing = [] if dump else missing_from(device_ctx, items, cache_dir)
+    with BuildProgress(len(missing), device_ctx[0].devices[0].name.strip()) as progress:
+        return _build_all(device_ctx, items, missing, cache_dir, dump, where, processes, report,
+                          progress)
+
+
+def _build_all(device_ctx, items, missing, cache_dir, dump, where, processes, report, progress):
+    ctx = device_ctx[0]
     device = ctx.devices[0]
-    missing = [] if dump else [
-        (name, src, opts) for name, src, opts in items
-        if _cache_key(src, list(opts)) not in built_here
-        and not os.path.exists(cache_stem(device, src, opts, cache_dir) + ".bin")]
+    todo = {name for name, _s, _o in missing}
     n = min(processes, MAX_PROCESSES, len(missing) // PER_CHILD)
     children, first = [], []
     if n > 1 and where is not None and sys.executable and implementation(device) in IN_CHILDREN:
@@ -166,12 +180,21 @@ def build_all(device_ctx, items, *, cache_dir, dump=None, where=None, processes=
             jobs = [{"path": cache_stem(device, src, opts, cache_dir) + ".bin", "source": src,
                      "options": list(opts)} for _n, src, opts in share]
             children.append(_start_child(where, device, cache_dir, jobs))
-    out = {name: build(device_ctx, name, src, opts, cache_dir=cache_dir, dump=dump)
-           for name, src, opts in first}
-    built = sum(len(_finish_child(child)) for child in children)
+    out = {}
+    for name, src, opts in first:
+        out[name] = build(device_ctx, name, src, opts, cache_dir=cache_dir, dump=dump)
+        progress.built()
+    built = 0
+    for child in children:
+        files = len(_finish_child(child))
+        built += files
+        progress.built(files)
+    in_children = {name for share in shares[1:] for name, _s, _o in share} if children else set()
     for name, src, opts in items:
         if name not in out:
             out[name] = build(device_ctx, name, src, opts, cache_dir=cache_dir, dump=dump)
+            if name in todo and name not in in_children:    # counted when its child ended
+                progress.built()
     if report is not None:
         report.update(programs=len(items), cached=len(items) - len(missing),
                       children=len(children), built_by_children=built)
