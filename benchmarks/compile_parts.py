@@ -41,6 +41,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--children", action="store_true",
+                    help="let build_all use child processes on this implementation too (whether "
+                         "its driver gains from them: issue 47's question for NVIDIA's)")
     a = ap.parse_args(argv)
     import pyopencl as cl
     warnings.simplefilter("ignore")
@@ -105,14 +108,17 @@ def main(argv=None):
     # program.build_all as a compile runs it: in child processes too where the runtime allows
     # (IN_CHILDREN), into this run's empty cache, the sources varied again
     from kilnet.runtime import program
+    if a.children:
+        program.IN_CHILDREN = program.IN_CHILDREN + (devmod.implementation(dev),)
     cores = program.processes_for(None)
     for procs in (1, cores) if cores > 1 else (1,):
-        items = [(k, s, ()) for k, s in vary(f"build_all {procs}")]
+        items = [(k, s, ()) for k, s in vary(f"build_all {procs}") if k != pk]
         report = {}
         t = time.perf_counter()
         program.build_all((ctx, None, {}), items, cache_dir=settings.cache,
                           where=devmod.index_of(dev), processes=procs, report=report)
-        print(f"build_all in {procs} process(es): {time.perf_counter() - t:.2f} s "
+        print(f"build_all of the {len(items)} kernels but the plan kernel in {procs} "
+              f"process(es): {time.perf_counter() - t:.2f} s "
               f"({report['built_by_children']} of {report['programs']} built by "
               f"{report['children']} child process(es))")
     return 0
