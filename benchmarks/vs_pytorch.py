@@ -452,26 +452,35 @@ class TorchSide:
     def eager_step(self, x, t):
         return self.eager_enqueue(x, t).item()
 
-    def capture(self, x, t):
-        """The per-step CUDA graph: copy the batch from pinned host buffers (non-blocking, inside
-        the graph), forward, backward, capturable fused Adam."""
-        torch = self.torch
-        px, pt = self.stage((x, t), "graph")
-        sx, st = (torch.empty(a.shape, dtype=torch.float32, device=self.dev) for a in (x, t))
+    def _captured_step(self, sx, st, copy_in=None):
+        """(graph, its loss tensor, what must outlive it) of one whole training step on device
+        tensors ``sx``, ``st``: ``copy_in()`` first inside the graph where given, then forward,
+        backward and capturable fused Adam. A replay uses these tensors' memory as it was
+        captured: they must outlive the graph (freed, the allocator hands their memory to
+        others, which replays then overwrite)."""
         opt = self._capturable_adam()
 
         def step():
-            sx.copy_(px, non_blocking=True)
-            st.copy_(pt, non_blocking=True)
+            if copy_in is not None:
+                copy_in()
             loss = self.fwd(sx, st)
             loss.backward()
             opt.step()
             return loss
-        self.graph, self.sloss = cuda_graph(torch, step,
-                                            before=lambda: opt.zero_grad(set_to_none=True))
-        # A replay uses these tensors' memory as it was captured: they must outlive the graph
-        # (freed, the allocator hands their memory to others, which replays then overwrite).
-        self.graph_keep = (opt, sx, st, step)
+        graph, loss = cuda_graph(self.torch, step, before=lambda: opt.zero_grad(set_to_none=True))
+        return graph, loss, (opt, sx, st, step)
+
+    def capture(self, x, t):
+        """The per-step CUDA graph: copy the batch from pinned host buffers (non-blocking, inside
+        the graph), then the step."""
+        torch = self.torch
+        px, pt = self.stage((x, t), "graph")
+        sx, st = (torch.empty(a.shape, dtype=torch.float32, device=self.dev) for a in (x, t))
+
+        def copy_in():
+            sx.copy_(px, non_blocking=True)
+            st.copy_(pt, non_blocking=True)
+        self.graph, self.sloss, self.graph_keep = self._captured_step(sx, st, copy_in)
 
     def graph_step(self, x, t):
         self.stage((x, t), "graph")
@@ -480,18 +489,8 @@ class TorchSide:
 
     def capture_device(self, x, t):
         """The per-step CUDA graph over a batch already on the device: no copy in."""
-        torch = self.torch
-        dx, dt = (torch.from_numpy(a).to(self.dev) for a in (x, t))
-        opt = self._capturable_adam()
-
-        def step():
-            loss = self.fwd(dx, dt)
-            loss.backward()
-            opt.step()
-            return loss
-        self.dgraph, self.dloss = cuda_graph(torch, step,
-                                             before=lambda: opt.zero_grad(set_to_none=True))
-        self.dgraph_keep = (opt, dx, dt, step)
+        dx, dt = (self.torch.from_numpy(a).to(self.dev) for a in (x, t))
+        self.dgraph, self.dloss, self.dgraph_keep = self._captured_step(dx, dt)
 
     def device_step(self):
         self.dgraph.replay()
