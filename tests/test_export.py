@@ -985,3 +985,24 @@ def test_runner_and_mql5_on_layer_norm_and_pool1d(target, runner, run_env, tmp_p
     assert [(int(i), k) for i, k in kernels] == [(i, la["kernel"]) for i, la in enumerate(doc["launches"])]
     assert {"ln.backward_input", "maxpool.backward_input", "avgpool.forward"} <= {
         la["name"] for la in doc["launches"]}
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_runner_and_mql5_on_an_add_folded_into_its_norm(target, runner, run_env, tmp_path,
+                                                        monkeypatch):
+    """ln(h + x + h) with the add folded into the norm (compiler/fusion.py's sum fold; a term
+    passed twice, one read elsewhere too): the runner's forward, train steps, parameters and
+    moments equal Python's; the MQL5 include creates the bundle's kernels in launch order."""
+    from test_norm_pool import residual_graph
+    monkeypatch.setenv("KILNET_TARGET", target)
+    model = kn.compile(residual_graph("three"), batch=2, optimizer=kn.Adam(lr=0.01),
+                       loss={"y": "mse"}, seed=3)
+    assert model.plan.graph.node("layer_norm_1").meta["terms"] is not None
+    bundle = model.export(tmp_path / "bundle", train=True)
+    check_against_python(model, bundle, runner, run_env, tmp_path, steps=2)
+    doc = export.read(bundle)
+    assert not any(la["name"].startswith("add_1.") for la in doc["launches"])
+    with open(mql5.write(bundle, str(tmp_path / "fold.mqh")), newline="") as f:
+        text = f.read()
+    kernels = re.findall(r'm_kern\[(\d+)\]=CLKernelCreate\(m_prog,"(\w+)"\)', text)
+    assert [(int(i), k) for i, k in kernels] == [(i, la["kernel"]) for i, la in enumerate(doc["launches"])]
