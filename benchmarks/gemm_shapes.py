@@ -39,11 +39,17 @@ SHAPES = {   # name: (rows, n_in, n_out)
     "W2-b32-conv1": (32 * 64, 64, 256),   # a window-1 conv: one dense over batch × units rows
 }
 PRODUCTS = ("forward", "backward_input", "backward_weight")
+# sliced: sets of lanes of one group over their own runs of k (gemm_large.cl.j2's SL), for
+# products with too few tiles for two groups per compute unit (issue 47: W1's 128 tiles). 128×64
+# and 128×128 tiles sliced in 2 take 512 lanes, which an H200 refuses for these kernels.
+SLICED = [dict(tiles=[64, 64, 8, 8], depth=8, sliced=2), dict(tiles=[64, 64, 8, 8], depth=8,
+          sliced=4), dict(tiles=[64, 64, 8, 8], depth=16, sliced=2)]
 SWEEP = {    # variants per shape (the policy's choice is always timed first)
     "GEMM-4096": [dict(tiles=[128, 128, 8, 8], depth=8), dict(tiles=[128, 64, 8, 4])],
     "W1-dense0": [dict(tiles=[128, 64, 8, 4], depth=8), dict(tiles=[128, 128, 8, 8], split=2),
                   dict(tiles=[128, 64, 8, 4], split=2), dict(tiles=[64, 64, 8, 8], split=1),
-                  dict(tiles=[64, 64, 8, 8], split=2), dict(tiles=[64, 64, 8, 8], split=4)],
+                  dict(tiles=[64, 64, 8, 8], split=2), dict(tiles=[64, 64, 8, 8], split=4)]
+    + SLICED,
     "W1-head": [dict(tiles=[32, 32, 4, 4], split=4)],
 }
 SWEEP["W1-dense1"] = SWEEP["W1-dense0"]
@@ -124,7 +130,7 @@ def kilnet_times(model, reps):
     for p in PRODUCTS:
         launches = [x for x in model.plan.launches if x.name in (f"mm.{p}", f"mm.{p}_reduce")]
         src = model.plan.sources[launches[0].kernel]
-        form = "large" if "__local real4 As[2]" in src else "general" \
+        form = "large" if "__local real4 As[" in src else "general" \
             if "__local real As[" in src else "cpu" if "typedef real" in src else "gemv"
         what = f"{form} global={launches[0].global_size} local={launches[0].local_size}"
         out[p] = (time_launches(model, launches, reps), what)

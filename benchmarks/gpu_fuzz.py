@@ -40,6 +40,23 @@ def _optimizers():
     return {"sgd": lambda: kn.SGD(lr=0.05, momentum=0.9), "adam": lambda: kn.Adam(lr=0.01, eps=1e-6)}
 
 
+WIDE = -10000   # indices from here down: the wide graphs (``wide``), after the corpus's
+
+
+def wide():
+    """[(name, graph, batch)]: dense layers whose products have about one round of 64×64 tiles
+    for an H200's 132 compute units, so that in float64 they run sliced (gemm_large.cl.j2's SL):
+    4 sets of lanes (143 tiles) and 2 (272 tiles), apart from the plan kernel."""
+    import kilnet as kn
+    out = []
+    for name, batch, n_in, hidden in (("wide-sliced-4", 800, 301, 700), ("wide-sliced-2", 1024, 97, 1088)):
+        g = kn.Graph(name)
+        h = kn.dense(g.input("x", (n_in,)), hidden, activation="tanh")
+        g.output("y", kn.dense(kn.dense(h, 650, activation="gelu"), 9))
+        out.append((name, g, batch))
+    return out
+
+
 def _far(a, b):
     """The largest |a - b| / max(1, |b|)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -59,7 +76,9 @@ def one(index, seed, device, plant=None, dtype="float64"):
     from kilnet.model import Model
     if plant:
         getattr(pc, "plant_" + plant)()
-    if index < 0:
+    if index <= WIDE:
+        name, g, batch = wide()[WIDE - index]
+    elif index < 0:
         name, g, batch, _ = pc.corpus()[-1 - index]
     else:
         name, (g, batch) = None, rg.build(rg.rng_choices(np.random.default_rng([seed, index])),
@@ -80,6 +99,8 @@ def one(index, seed, device, plant=None, dtype="float64"):
         run["stages"] = len(pk.stages) if pk else 0
         run["phases"] = len(pk.members) if pk else 0
         run["launches"] = len(fast.plan.launches)
+        run["sliced"] = sum("sl = get_local_id(2)" in fast.plan.sources[la.kernel]
+                            for la in fast.plan.launches)
         plain = Model(fast.plan, fast.device, seed=abs(index))
         if hasattr(plain._exec.submit, "inner"):
             plain._exec.submit = plain._exec.submit.inner
@@ -153,7 +174,7 @@ def line(rec):
         state = "ok" if not r["problems"] else "MISMATCH"
         parts.append(f"{r['optimizer']} {state} {'bits' if r['identical'] else 'close'} "
                      f"[{r['path']}, {r['launches']} launches, {r['phases']} phases in "
-                     f"{r['stages']} stages; ref {r['worst']['reference']:.1e}, "
+                     f"{r['stages']} stages, {r.get('sliced', 0)} sliced; ref {r['worst']['reference']:.1e}, "
                      f"paths {r['worst']['paths']:.1e}]")
     text = (f"graph {rec['index']:4d}{' (' + rec['corpus'] + ')' if rec['corpus'] else ''} "
             f"b{rec['batch']} in{rec['inputs']} "
@@ -175,13 +196,16 @@ def main():
     ap.add_argument("--dtype", default="float64", help="float64 (the tolerances above), or "
                     "float32 for the bits-identical column alone")
     ap.add_argument("--no-corpus", action="store_true", help="leave out tests/fuzz_corpus")
+    ap.add_argument("--no-wide", action="store_true", help="leave out the wide graphs (wide())")
     ap.add_argument("--plant", default=None, help="a planted wrong declaration of "
                     "tests/plan_checks.py (plant_<name>), which this run must report")
     a = ap.parse_args()
     t0 = time.time()
     import plan_checks as pc
     corpus = [] if a.no_corpus else [-1 - i for i in range(len(pc.corpus()))]
-    jobs = [(i, a.seed, a.device, a.plant, a.dtype) for i in corpus + list(range(a.first, a.first + a.graphs))]
+    extra = [] if a.no_wide else [WIDE - i for i in range(len(wide()))]
+    jobs = [(i, a.seed, a.device, a.plant, a.dtype)
+            for i in extra + corpus + list(range(a.first, a.first + a.graphs))]
     with mp.get_context("spawn").Pool(a.workers) as pool:
         recs = sorted(pool.imap_unordered(work, jobs), key=lambda r: r["index"])
     runs = [r for rec in recs for r in rec["runs"]]
@@ -192,14 +216,16 @@ def main():
             f"{' --plant ' + a.plant if a.plant else ''}{' --no-corpus' if a.no_corpus else ''} ({time.strftime('%Y-%m-%d %H:%M')},"
             f" {time.time() - t0:.0f} s, {a.workers} workers)",
             f"# kilnet commit: {os.environ.get('KILNET_COMMIT', 'unknown')}; "
-            f"corpus graphs (negative indices): {len(corpus)}",
+            f"corpus graphs (negative indices): {len(corpus)}; wide graphs (from {WIDE} down): "
+            f"{len(extra)}",
             f"# graphs: {len(recs)}; with a dead branch: {sum(bool(r.get('dead')) for r in recs)}; "
             f"with two inputs: {sum(r.get('inputs', 0) > 1 for r in recs)}; with a concat: "
             f"{sum('concat' in r.get('ops', ()) for r in recs)}; with an add folded into a norm: "
             f"{sum(bool(r.get('folded')) for r in recs)}",
             f"# runs (graph x optimizer): {len(runs)}; through the plan kernel: "
             f"{sum(r['path'] == 'plan kernel' for r in runs)}; stages shared by several phases "
-            f"in {sum(r['phases'] > r['stages'] for r in runs)}",
+            f"in {sum(r['phases'] > r['stages'] for r in runs)}; with sliced products: "
+            f"{sum(r.get('sliced', 0) > 0 for r in runs)}",
             f"# mismatches: {len(bad)}; errors: {len(errors)}; default path bit-identical to "
             f"separate launches in {sum(r['identical'] for r in runs)} of {len(runs)}",
             f"# worst distance, default path to separate launches: "

@@ -179,6 +179,9 @@ def candidates(target, kind, default, shape, stage, best):
             M, N = shape["M"], shape["N"]
             out = [{"tiles": list(t)} for t in GPU_TILES
                    if (t[0] <= 16 or t[0] < 2 * M) and (t[1] <= 16 or t[1] < 2 * N)]
+            # sliced tiles (gemm_large.cl.j2's SL), each set of lanes over 32/SL k at a time
+            out += [{"tiles": list(sched.SLICED_TILES), "depth": sched.SLICED_DEPTH // sl,
+                     "sliced": sl} for sl in (2, 4) if M >= 64 and N >= 64]
         elif stage == 1 and shape.get("splittable"):
             out = [dict(best, split=s) for s in SPLITS if s <= max(1, shape["K"] // (8 * sched.TK))]
     elif stage == 0 and kind == "gemv":

@@ -5,7 +5,7 @@ Every buffer is its own allocation (debug_buffers) and rewritten buffers start a
 Covered: 128×128 tiles of 8×8 blocks (two real4 bands per lane) and 128×64 tiles of 8×4, edge
 tiles in m and n, a last partial k-tile, every operand layout (forward, input and weight
 gradients, a conv forward whose rows each have their own base), bias, activation, the stored pre-activation, an input gradient that applies its
-producer's derivative, and a k-split (a schedule override). The CPU form, and the general GPU
+producer's derivative, a k-split and sliced products (schedule overrides). The CPU form, and the general GPU
 form that the products with 9 columns take here, are left to oclgrind_model.py.
 """
 import json
@@ -32,7 +32,11 @@ def run():
     B = 130
     feeds, targets = {"x": rng.standard_normal((B, 9))}, {"y": rng.standard_normal((B, 133))}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"dense_2.backward_weight": {"split": 3}}, f)
+        # sliced products (4 sets over k = 9 in runs of 4: the third partial, the fourth past
+        # the end; 2 sets over k = 131 in runs of 8·9) and a k-split
+        json.dump({"dense_2.backward_weight": {"split": 3},
+                   "dense_1.forward": {"tiles": [64, 64, 8, 8], "depth": 4, "sliced": 4},
+                   "dense_2.forward": {"tiles": [64, 64, 8, 8], "depth": 8, "sliced": 2}}, f)
     os.environ["KILNET_SCHEDULES"] = f.name
     try:
         model = kn.compile(build(), batch=B, optimizer=kn.SGD(lr=0.1), loss="mse",
@@ -41,9 +45,11 @@ def run():
         del os.environ["KILNET_SCHEDULES"]
         os.unlink(f.name)
     assert any(k.name == "dense_2.backward_weight_reduce" for k in model.kernels)
+    assert {k.name: k.local_size for k in model.kernels if k.name in ("dense_1.forward",
+            "dense_2.forward")} == {"dense_1.forward": (8, 8, 4), "dense_2.forward": (8, 8, 2)}
 
     def large(launch):
-        return "__local real4 As[2]" in model.plan.sources[launch.kernel]
+        return "__local real4 As[" in model.plan.sources[launch.kernel]
     exercise(model, feeds, targets, 1, count=large)
     # A strided conv's forward over all 11 × 11 rows: each row of A a lane loads has its own base
     # (row m is position m % 11 of sample m // 11), edge tiles in m and n.

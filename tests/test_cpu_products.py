@@ -458,3 +458,34 @@ def test_a_split_weight_gradient_matches_numpy(implementation, monkeypatch, tmp_
                      (grads["x"], dz @ W), (grads["dense_1.bias"], dz.sum(0))):
         np.testing.assert_allclose(got, ref, rtol=tol["rtol"],
                                    atol=tol["atol"] * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("implementation", CPU_IMPLEMENTATIONS)
+def test_long_products_that_copy_b_match_numpy(monkeypatch, tmp_path, implementation):
+    """CpuProducts.long (Intel's runtime at 64-byte vectors): an input gradient with k >= LONG_K
+    copies each k-chunk of its panel of B into private memory (gemm_vec.cl.j2's copy), zeros
+    past N; here with a ragged last panel (700 columns), ragged rows (203) and a ragged last
+    k-chunk (530), in float64 against NumPy, on each CPU implementation."""
+    import dataclasses
+
+    from kilnet.policy import target
+    of = target.Target.of
+    monkeypatch.setattr(target.Target, "of", classmethod(
+        lambda cls, d, settings=None: dataclasses.replace(of(d, settings), compute_units=2)))
+    for k, v in (("KILNET_DEVICE", implementation), ("KILNET_TARGET", "cpu"),
+                 ("KILNET_CPU_PRODUCTS", "intel/64"), ("KILNET_VECTOR_BYTES", "64"),
+                 ("KILNET_CACHE_DIR", str(tmp_path))):
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
+    g = kn.Graph("long")
+    g.output("y", kn.dense(g.input("x", (700,)), 530))
+    m = kn.compile(g, batch=203, loss="mse", dtype="float64", input_grads=True)
+    [bi] = [k for k in m.kernels if k.name == "dense_1.backward_input"]
+    assert "the copy has zeros past N" in m.plan.sources[bi.kernel]
+    rng = np.random.default_rng(5)
+    x, t = rng.standard_normal((203, 700)), rng.standard_normal((203, 530))
+    W, b = m.params["dense_1.weight"], m.params["dense_1.bias"]
+    dz = 2 * (x @ W.T + b - t) / t.size
+    grads = m.gradients({"x": x}, {"y": t})
+    np.testing.assert_allclose(grads["x"], dz @ W, rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(grads["dense_1.weight"], dz.T @ x, rtol=1e-11, atol=1e-14)

@@ -41,7 +41,7 @@ def forms(model):
     out = {}
     for launch in model.plan.launches:
         src = model.plan.sources[launch.kernel]
-        if "__local real4 As[2]" in src:
+        if "__local real4 As[" in src:
             out[launch.name] = "large"
         elif "__local real As[" in src:
             out[launch.name] = "general"
@@ -141,3 +141,67 @@ def test_many_compute_units_agree(monkeypatch, batch, shape, build, split, form)
     np.testing.assert_allclose(yg, yc, rtol=1e-12, atol=1e-12)
     for k in gg:
         np.testing.assert_allclose(gg[k], gc[k], rtol=1e-10, atol=1e-12, err_msg=k)
+
+
+def sliced(model):
+    """The launches whose products run sliced (gemm_large.cl.j2's SL > 1)."""
+    return {la.name for la in model.plan.launches
+            if "sl = get_local_id(2)" in model.plan.sources[la.kernel]}
+
+
+
+SLICED_CASES = [
+    (130, 70, 131, {"dense_1.forward": 4, "dense_2.backward_input": 4}),   # 9 tiles, k 70, 67
+    (300, 65, 200, {"dense_1.forward": 2, "dense_2.backward_input": 2}),   # 20 tiles, k 65, 67
+]
+
+
+def few_units(monkeypatch, units=8):
+    """Target.of patched to report ``units`` compute units."""
+    import dataclasses
+
+    from kilnet.policy import target
+    of = target.Target.of
+    monkeypatch.setattr(target.Target, "of", classmethod(
+        lambda cls, d, settings=None: dataclasses.replace(of(d, settings), compute_units=units)))
+
+
+@pytest.mark.parametrize("batch,n_in,hidden,want", SLICED_CASES)
+def test_sliced_products_agree(monkeypatch, batch, n_in, hidden, want):
+    """Products with about one round of 64×64 tiles for the device's compute units (8 here, so
+    that small shapes reach the policy's branch) run sliced: 4 or 2 sets of lanes of a group,
+    each over its own run of k (partial last runs: k = 70 and 65 in runs of 4·4 and 2·8),
+    summed in local memory; float64 against the CPU form."""
+    few_units(monkeypatch)
+    CASES["sliced"] = (batch, (n_in,), lambda x: kn.dense(kn.dense(x, hidden, activation="tanh"),
+                                                          67))
+    try:
+        mg, yg, gg = run(monkeypatch, "gpu", "sliced")
+        _, yc, gc = run(monkeypatch, "cpu", "sliced")
+    finally:
+        del CASES["sliced"]
+    assert set(want) <= sliced(mg)
+    for name, sl in want.items():
+        [la] = [la for la in mg.plan.launches if la.name == name]
+        assert la.local_size == (8, 8, sl), (name, la.local_size)
+    np.testing.assert_allclose(yg, yc, rtol=1e-12, atol=1e-12)
+    for k in gg:
+        np.testing.assert_allclose(gg[k], gc[k], rtol=1e-10, atol=1e-12, err_msg=k)
+
+
+@pytest.mark.parametrize("batch,n_in,hidden,want", SLICED_CASES)
+def test_sliced_products_run_apart_from_a_plan_kernel(batch, n_in, hidden, want):
+    """With a plan kernel (one work-group a compute unit) a sliced product runs as its own
+    launch, which holds several of its groups a unit; the rest stay phases."""
+    from kilnet.compiler.lower import check_loss_spec, lower
+    from kilnet.policy.target import Target
+    g = kn.Graph("sliced")
+    g.output("y", kn.dense(kn.dense(g.input("x", (n_in,)), hidden, activation="tanh"), 67))
+    gpu = Target("gpu", max_work_group=1024, compute_units=8, local_mem=49152, plan_kernel=True)
+    plan = lower(g, batch, kn.Adam(), check_loss_spec(g, "mse"), "float64", target=gpu)
+    pk = plan.plan_kernel
+    names = {la.name for la in plan.launches
+             if "sl = get_local_id(2)" in plan.sources[la.kernel]}
+    assert set(want) <= names and names <= set(pk.apart)
+    assert all(pk.apart[n].startswith("sliced in") for n in names)
+    assert not names & set(pk.members) and pk.members

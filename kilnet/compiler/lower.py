@@ -230,7 +230,7 @@ class Lowering:
                                  abi.resolve(s, node_name, self.seed, self.rank))
             args = abi.layout(k.names, k.args, buffer_arg, scalar_arg)
             self.launches.append(Launch(name, k_phase, kname, k.global_size, k.local_size, args,
-                                        node_name))
+                                        node_name, k.apart))
 
     def forward(self):
         training = bool(self.loss)

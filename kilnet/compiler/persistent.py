@@ -144,6 +144,9 @@ def build(launches, spec, header, target):
     pk = PlanKernel(NAME, lanes, roles)
     for launch in launches:
         glob, group = _dims(launch.global_size), rendered[launch.kernel][1]
+        if launch.apart:
+            pk.apart[launch.name] = launch.apart
+            continue
         if group:
             local = _dims(group)
             n = local[0] * local[1] * local[2]

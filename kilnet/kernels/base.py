@@ -124,6 +124,9 @@ class Kernel:
     # forms itself (`OuterGradient`); ``gradients()`` runs it, train_step skips it. None: the
     # phase the op's method implies.
     phase: str = None
+    # Why the launch runs on its own beside a plan kernel (compiler/persistent.py), where its
+    # kernel chose so; None: the plan kernel decides.
+    apart: str = None
 
 
 @dataclass

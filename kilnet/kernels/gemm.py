@@ -7,7 +7,7 @@ and the k-split (policy/schedule.py). Each function returns a list of kernels.
 import dataclasses
 
 from ..policy import symbolic
-from ..policy.schedule import PREFETCH_MIN, cpu_products, kvec_form, large_form
+from ..policy.schedule import PREFETCH_MIN, copies_b, cpu_products, kvec_form, large_form
 from ..policy.vectors import round_up
 from . import index
 from .base import kernel, out as written
@@ -80,28 +80,37 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     s = ctx.schedule(step, "gemm", **shape)
     TM, TN, RM, RN = s.tiles
     TK = s.depth
+    SL = s.sliced or 1
     consts.update(TM=TM, TN=TN, TK=TK, RM=RM, RN=RN, KC=K, split=False)
     template = "gemm"
     if large_form(shape, s.tiles, TK):
         template = "gemm_large"
+        consts.update(SL=SL)
         # Each operand is loaded along its contiguous dimension.
         consts.update(SA=ska[k], SB=skb[k], SAM=sa and sa[m], SBN=sb and sb[n],
                       a_kfast=abs(sa[k]) <= abs(sa[m]) if sa else a_kfast,
                       b_nfast=abs(sb[n]) <= abs(sb[k]) if sb else b_nfast)
-    local = (TN // RN, TM // RM, 1)
+    assert SL == 1 or template == "gemm_large", (step, SL)
+    local = (TN // RN, TM // RM, SL)
     split = s.split
+    # A sliced product's own launch holds several of its groups a compute unit, a plan kernel
+    # one (policy/schedule.py, sliced_schedule): it runs apart.
+    apart = f"sliced in {SL}: its own launch holds several work-groups a compute unit" \
+        if SL > 1 else None
     if split == 1:
-        glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch)
-        return [kernel(step, template, consts, buffers, glob, local)]
+        glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch * SL)
+        return [dataclasses.replace(kernel(step, template, consts, buffers, glob, local),
+                                    apart=apart)]
     # The template bounds each slice's k by KC; the z-index names a slice, and the one batch
     # entry is entry 0.
     kc = round_up(-(-K // split), TK)
     split = -(-K // kc)
     consts.update(KC=kc, split=True)
-    glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split)
+    glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split * SL)
     return _k_slices(ctx, step, consts, a, w, out, a_idx.subs(b, 0), b_idx.subs(b, 0), M=M, N=N,
                      split=split, epi=epi,
-                     launch=lambda c, slices: [kernel(step, template, c, slices, glob, local)])
+                     launch=lambda c, slices: [dataclasses.replace(
+                         kernel(step, template, c, slices, glob, local), apart=apart)])
 
 
 def _k_slices(ctx, step, consts, a, w, out, a_idx, b_idx, *, M, N, split, epi, launch):
@@ -253,6 +262,8 @@ def _vec_kernel(ctx, step, consts, buffers, batch, s, groups=1, sliced=False):
                       pack=bool(s.pack))
     cpu = cpu_products(ctx.target)
     consts["fma"] = cpu.fma
+    consts["copy"] = copies_b(ctx.target, dict(M=M, N=N, K=K, kvec=kvec, batch=batch,
+                                               groups=groups, a_along_m=not consts["a_kfast"]), s)
     consts["prefetch"] = cpu.prefetch and consts["a_kfast"] and K * N >= PREFETCH_MIN and \
         M <= s.rows
     consts["prefetch_a"] = cpu.prefetch and not consts["a_kfast"] and groups == 1 and \

@@ -18,6 +18,8 @@ class Launch:
     local_size: tuple
     args: list = field(default_factory=list)
     node: str = None
+    apart: str = None           # why it runs as its own launch beside a plan kernel (its kernel's
+    #                             choice: kernels.base.Kernel.apart), or None
 
     @property
     def buffer_args(self):

@@ -87,6 +87,17 @@ PACK_K = 256
 # 16; in the k-vector form, with a block of 16 rows by that column (vec_block), it took 0.57x
 # the time (in-process A/B, 2-core Zen 5, medians of 10×5 profiled steps).
 PACK_MIN_ROWS = 32
+# Long products (CpuProducts.long): A along k, k >= LONG_K, M >= LONG_M, LONG_PANELS panels a
+# compute unit: W1's dense input gradients at batch 256 (256 × 1000 by k = 1000). On 2 Xeon cores
+# (AVX-512, Intel's runtime; in-process A/B in the step, medians of 9-11 rounds) in 8×3 blocks,
+# groups of 1, 128 rows a panel and B copied per chunk they took 0.73-0.77x the time of 6×2 in
+# groups of 4 (copied alone 0.82-0.88x; 64 rows 0.75-0.85x, 256 rows 0.80-0.96x); a lab kernel
+# ran at 284-300 GFLOP/s against 242 uncopied (oneDNN on 2 threads: 270). The forwards packed so
+# (B along k) ran 1.3x faster alone but 0.88-1.12x in the step, the weight gradients (A along
+# m) 0.90-1.03x: both keep their forms. Measured at batch 256 only, hence LONG_M.
+LONG_K = 512
+LONG_M = 128
+LONG_PANELS = 4
 # An n-vector block that would compute more than PAD_WASTE times the product's outputs (the
 # edges of a small M or N) gives way to the block of as many accumulators (or 8×1) that computes
 # the fewest, with k in chunks of SMALL_KC. W1's conv weight gradients (32 × 96 and 32 × 36, k =
@@ -160,6 +171,9 @@ class CpuProducts:
     nvec_local: tuple   # ... n-vector form
     fma: bool = False   # accumulate with fma() rather than the contracted `acc += x * y`
     prefetch: bool = False  # each block prefetches a slice of the work-item's next B panel
+    long: tuple = None  # ((RM, NV), (LX, LY), rows): long products' n-vector block, largest group
+    #                     and panel rows (long_product), which copy or pack B per k-chunk; None:
+    #                     they take the blocks above
 
 
 # Per implementation, like target.FORMS; others take PoCL's. Measured on a 2-core EPYC (Zen 3,
@@ -188,7 +202,7 @@ CPU_PRODUCTS = {
     "intel": CpuProducts(kvec=(2, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1),
                          fma=True),
     "intel/64": CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(4, 1),
-                            fma=True, prefetch=True),
+                            fma=True, prefetch=True, long=((8, 3), (1, 1), 128)),
 }
 
 
@@ -208,6 +222,24 @@ def cpu_products(target):
     return CPU_PRODUCTS[products_key(target)]
 
 
+def long_product(target, shape, V):
+    """Whether a CPU product is long (CpuProducts.long): A along k, k of LONG_K or more, LONG_M
+    rows or more, one product per launch, and columns for LONG_PANELS panels per compute unit
+    of the long block."""
+    cpu = cpu_products(target)
+    if cpu.long is None or shape.get("a_along_m") or shape["K"] < LONG_K or \
+            shape["M"] < LONG_M or entries(shape) > 1:
+        return False
+    return -(-shape["N"] // (cpu.long[0][1] * V)) >= LONG_PANELS * target.compute_units
+
+
+def copies_b(target, shape, s):
+    """Whether a CPU product under schedule ``s`` copies each k-chunk of its panel of B into
+    private memory (gemm_vec.cl.j2's copy): a long product (long_product) in the n-vector form
+    over B as it is (along n)."""
+    return not kvec_form(shape, s) and not s.pack and long_product(target, shape, s.vector)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """How one launch is shaped. A field is None where the launch's family does not use it; in
@@ -221,6 +253,8 @@ class Schedule:
     #                       panel packed along n (True), or the k-vector form (False)
     vector: int = None    # elements per explicit vector (CPU forms; 1 on GPUs)
     split: int = None     # k-slices (gemm) or row slices (reductions) summed by a second launch
+    sliced: int = None    # sets of lanes in one large-tile gemm group, each over its own run of
+    #                       k, summed in the group's local memory (gemm_large.cl.j2's SL)
     cache: bool = None    # a recurrence's lanes hold their weights and carried state in private
     #                       memory across the steps (GPUs: registers; see recurrence_cache)
 
@@ -232,7 +266,7 @@ class Schedule:
 # What an override may set, per family (the rest is derived from these or fixed by the template).
 TUNABLE = {"map": ("local",), "vector_map": ("local",), "group": ("local",),
            "recurrence": ("local", "rows", "cache"),
-           "gemm": ("tiles", "depth", "split"), "gemv": ("local",),
+           "gemm": ("tiles", "depth", "split", "sliced"), "gemv": ("local",),
            "gemm_vec": ("block", "pack", "rows", "depth", "local", "split"),
            "column_sum": ("local", "split"),
            "chunks": ("local",), "slices": ("split",)}
@@ -314,6 +348,43 @@ def gemm_local_bytes(shape, tiles, depth, ctype):
     return depth * (TM + TN + 2) * item
 
 
+# Sliced large-tile products (gemm_large.cl.j2's SL): 64×64 tiles of 8×8 blocks, SL sets of 64
+# lanes a group each over its own run of k. A compute unit holds SLICED_LANES such lanes (an
+# H200: 64 K registers, ~128 a lane), and a group's SL·depth is SLICED_DEPTH in float32 (two
+# stages of 64×64 tiles: 34.8 kB of local memory), half that in float64.
+SLICED_TILES = (64, 64, 8, 8)
+SLICED_LANES = 512
+SLICED_DEPTH = 32
+
+
+def sliced_schedule(target, shape, ctype):
+    """The sliced large-tile schedule for a product whose 64×64 tiles fill the compute units
+    about once (at least FILL of them, and all in one round at SLICED_LANES a unit): the most
+    sets of lanes (4, else 2) that fit that round, each over at least 4 k-tiles; None for other
+    products. With a plan kernel such a product runs apart (kernels/gemm.py): the plan kernel
+    holds one work-group a unit, so its tiles would take two rounds there.
+    On an H200 (benchmarks/gemm_shapes.py --sweep, results/nvidia-h200-sliced-gemm-2026-12-04.txt),
+    TFLOP/s forward / input / weight gradient: W1's 1024×1000×1000 products 30.1 / 31.2 / 32.1
+    in one round of 128×64 tiles, 33.6 / 33.5 / 36.2 sliced in 4 (cuBLAS 40.5 / 40.3 / 38.1);
+    its 1024×1088×1000 ones (272 tiles: a second round at 4 sets) 31.1 / 25.8 / 25.7 in the
+    policy's tiles and splits, 33.4 / 24.4 / 26.7 in 4 sets, 31.9 / 28.4 / 28.5 in 2."""
+    M, N, K = shape["M"], shape["N"], shape["K"]
+    if target.kind != "gpu" or not shape.get("affine"):
+        return None
+    TM, TN = SLICED_TILES[:2]
+    count, units = -(-M // TM) * -(-N // TN), target.compute_units
+    for sl in (4, 2):
+        depth = SLICED_DEPTH * 4 // itemsize(ctype) // sl
+        lanes = sl * tile_lanes(SLICED_TILES)
+        if count < FILL * units or count * lanes > units * SLICED_LANES or \
+                K < 4 * sl * depth or lanes > target.max_work_group or \
+                not large_form(shape, SLICED_TILES, depth) or \
+                sl * gemm_local_bytes(shape, SLICED_TILES, depth, ctype) > target.local_mem:
+            continue
+        return Schedule(tiles=SLICED_TILES, depth=depth, split=1, sliced=sl)
+    return None
+
+
 def gemm_schedule(target, shape, ctype):
     """A GPU gemm's tiles, depth and k-split. Products of at least 32×32 whose operands allow it
     take the large-tile form: the biggest tile that, split along k as little as possible, keeps
@@ -322,8 +393,12 @@ def gemm_schedule(target, shape, ctype):
     17 in 128×128 ones, which leave half the units idle, 25 in 128×128 ones split in two; the
     1024×1088×1000 ones (136 groups of 128×64 on 132 units) at 18, and at 25 in 64×64 tiles
     split in four.
-    Other products keep the general form's ``tiles``."""
+    Other products keep the general form's ``tiles``; products with about one wave of 64×64
+    tiles take sliced ones (``sliced_schedule``)."""
     M, N, K = shape["M"], shape["N"], shape["K"]
+    sliced = sliced_schedule(target, shape, ctype)
+    if sliced is not None:
+        return sliced
     if shape.get("affine") and M >= 32 and N >= 32:
         small = min(M, N) < 64
         fits = [t for t in LARGE_TILES if t[0] <= M and t[1] <= N and (small or t[0] >= 64)
@@ -522,7 +597,8 @@ def vec_block(target, shape, pack, V):
         elif N < RN:                   # ... and so is a column
             RM, RN = RM * RN // N, N
         return RM, RN
-    RM, NV = BATCHED_NVEC if shape.get("batch", 1) > 1 and shape["kvec"] else cpu.nvec
+    RM, NV = BATCHED_NVEC if shape.get("batch", 1) > 1 and shape["kvec"] else \
+        cpu.long[0] if long_product(target, shape, V) else cpu.nvec
     return min(RM, M), min(NV, -(-N // V))
 
 
@@ -536,14 +612,16 @@ def vec_panel(target, shape, s, rows=True, local=True):
     """``s`` with the fields that follow from its block: the rows per work-item (``rows``), the
     k-chunk of an n-vector form, the work-group (``local``)."""
     kvec = kvec_form(shape, s)
+    long = not kvec and long_product(target, shape, s.vector)      # copied or packed
     if rows:
         s = replace(s, rows=panel_rows(shape, kvec, s.block, s.vector, target.compute_units,
-                                       bool(s.pack)))
+                                       bool(s.pack),
+                                       cpu_products(target).long[2] if long else None))
     if not kvec and s.depth is None:
         s = replace(s, depth=A_ALONG_M_KC if shape.get("a_along_m") else KC)
     if local:
         s = replace(s, local=_vec_local(shape, kvec, s.block, s.vector, s.rows,
-                                        cpu_products(target), target.compute_units))
+                                        cpu_products(target), target.compute_units, long))
     return s
 
 
@@ -557,19 +635,19 @@ def entries(shape):
     return shape.get("batch", 1) * shape.get("groups", 1)
 
 
-def panel_rows(shape, kvec, block, V, units, pack=False):
+def panel_rows(shape, kvec, block, V, units, pack=False, most=None):
     """MC for a CPU gemm: all rows up to PANEL_ROWS (PACKED_PANEL_ROWS where B is packed per
-    panel), in whole blocks, halved while the launch (over all its batch entries) would give
-    each compute unit fewer than 4 work-items."""
+    panel; ``most`` where given), in whole blocks, halved while the launch (over all its batch
+    entries) would give each compute unit fewer than 4 work-items."""
     RM, M = block[0], shape["M"]
-    MC = RM * -(-min(M, PACKED_PANEL_ROWS if pack else PANEL_ROWS) // RM)
+    MC = RM * -(-min(M, most or (PACKED_PANEL_ROWS if pack else PANEL_ROWS)) // RM)
     others = panel_columns(shape, kvec, block, V) * entries(shape)
     while MC > RM and others * -(-M // MC) < 4 * units:
         MC = RM * -(-MC // (2 * RM))
     return MC
 
 
-def _vec_local(shape, kvec, block, V, MC, cpu, units):
+def _vec_local(shape, kvec, block, V, MC, cpu, units, long=False):
     """CPU gemm: a group of up to (LX, LY) work-items (``cpu``'s for the form) along n (each RN
     columns, or RN vectors) and m (each MC rows), no more than the launch has, and halved until
     every compute unit gets a group (where the launch has the work-items). In one group, W2's
@@ -577,7 +655,7 @@ def _vec_local(shape, kvec, block, V, MC, cpu, units):
     took 0.57-0.65x the time, W1's head forward at batch 64 0.70x, W3's head weight gradient
     0.70-0.87x (in-process A/B, medians of 20). Two groups per unit made launches that already
     had one per unit 1.02-1.11x slower."""
-    most = cpu.kvec_local if kvec else cpu.nvec_local
+    most = cpu.kvec_local if kvec else cpu.long[1] if long else cpu.nvec_local
     gx, gy = panel_columns(shape, kvec, block, V), -(-shape["M"] // MC)
     LX, LY = pow2_at_least(gx, most[0]), pow2_at_least(gy, most[1])
     groups = lambda: -(-gx // LX) * -(-gy // LY) * entries(shape)
@@ -629,8 +707,22 @@ def choose(target, kind, name, ctype="float", **shape):
         if key == kind and over.rows is not None:     # whole blocks of whichever form
             s = replace(s, rows=s.block[0] * -(-over.rows // s.block[0]))
         s = vec_panel(target, shape, s, rows=over.rows is None, local=over.local is None)
+    if kind == "gemm" and base.sliced and over.tiles is not None and over.sliced is None:
+        # the policy's sets of lanes and depth belong to its sliced tiles, not to others
+        s = replace(s, sliced=None, depth=over.depth or LARGE_TK)
     if kind == "column_sum" and over.split is None:    # the slices the group size leaves
         s = replace(s, split=column_slices(target, s.local, shape, s.vector or 1))
+    if kind == "gemm" and (s.sliced or 1) > 1:
+        bad = f"schedule override {key!r} for launch {name!r}: field 'sliced'"
+        if not large_form(shape, s.tiles, s.depth):
+            raise CompileError(f"{bad} needs the large-tile form (operands affine in k, tiles "
+                               f"of real4 blocks); {s.tiles} at depth {s.depth} is not")
+        lanes, local = s.sliced * tile_lanes(s.tiles), \
+            s.sliced * gemm_local_bytes(shape, s.tiles, s.depth, ctype)
+        if lanes > target.max_work_group or local > target.local_mem:
+            raise CompileError(f"{bad} = {s.sliced} asks for {lanes} work-items and {local} "
+                               f"bytes of local memory per group; the device allows "
+                               f"{target.max_work_group} and {target.local_mem}")
     if kind == "gemm" and s.split > 1 and not shape.get("splittable"):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'split' needs "
                            f"a product at batch 1 with one contiguous output")
@@ -784,7 +876,7 @@ def parse_table(raw, source="schedule table"):
             where = f"{source}: entry {key!r}, field {field!r}"
             if field not in known:
                 raise CompileError(f"{where} is unknown (known: {', '.join(sorted(known))})")
-            if field in ("vector", "split", "depth", "rows"):
+            if field in ("vector", "split", "sliced", "depth", "rows"):
                 if not _positive(v):
                     raise CompileError(f"{where} must be an int >= 1, got {v!r}")
             elif field in ("pack", "cache"):
