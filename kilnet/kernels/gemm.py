@@ -65,7 +65,7 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
         return _k_slices(ctx, step, consts, a, w, out, shift(a_idx), shift(b_idx),
                          M=M, N=N, split=s.split, epi=epi,
                          launch=lambda c, slices: _vec_kernel(ctx, step, c, slices, s.split, s,
-                                                              sliced=True))
+                                                              k_slices=True))
     if M <= GEMV_ROWS and a_kfast and not b_nfast and a_pred is None and dscale is None:
         s = ctx.schedule(step, "gemv", K=K)
         return [kernel(step, "gemv", dict(consts, L=s.local[0]), buffers,
@@ -97,20 +97,19 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     # one (policy/schedule.py, sliced_schedule): it runs apart.
     apart = f"sliced in {SL}: its own launch holds several work-groups a compute unit" \
         if SL > 1 else None
+
+    def launch(c, bufs, z):
+        glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, z * SL)
+        return [dataclasses.replace(kernel(step, template, c, bufs, glob, local), apart=apart)]
     if split == 1:
-        glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, batch * SL)
-        return [dataclasses.replace(kernel(step, template, consts, buffers, glob, local),
-                                    apart=apart)]
+        return launch(consts, buffers, batch)
     # The template bounds each slice's k by KC; the z-index names a slice, and the one batch
     # entry is entry 0.
     kc = round_up(-(-K // split), TK)
     split = -(-K // kc)
     consts.update(KC=kc, split=True)
-    glob = (round_up(N, TN) // RN, round_up(M, TM) // RM, split * SL)
     return _k_slices(ctx, step, consts, a, w, out, a_idx.subs(b, 0), b_idx.subs(b, 0), M=M, N=N,
-                     split=split, epi=epi,
-                     launch=lambda c, slices: [dataclasses.replace(
-                         kernel(step, template, c, slices, glob, local), apart=apart)])
+                     split=split, epi=epi, launch=lambda c, slices: launch(c, slices, split))
 
 
 def _k_slices(ctx, step, consts, a, w, out, a_idx, b_idx, *, M, N, split, epi, launch):
@@ -249,8 +248,8 @@ def _vec_schedule(ctx, step, consts, batch, groups=1, splittable=False):
                         **extra)
 
 
-def _vec_kernel(ctx, step, consts, buffers, batch, s, groups=1, sliced=False):
-    """The CPU product's launch (templates/gemm_vec.cl.j2) under schedule ``s``; ``sliced``:
+def _vec_kernel(ctx, step, consts, buffers, batch, s, groups=1, k_slices=False):
+    """The CPU product's launch (templates/gemm_vec.cl.j2) under schedule ``s``; ``k_slices``:
     ``batch`` counts the slices of a k-split, not products."""
     M, N, K = consts["M"], consts["N"], consts["K"]
     kvec = _vec_kind(consts)
@@ -267,7 +266,7 @@ def _vec_kernel(ctx, step, consts, buffers, batch, s, groups=1, sliced=False):
     consts["prefetch"] = cpu.prefetch and consts["a_kfast"] and K * N >= PREFETCH_MIN and \
         M <= s.rows
     consts["prefetch_a"] = cpu.prefetch and not consts["a_kfast"] and groups == 1 and \
-        batch > 1 and not sliced and batch * M * K >= PREFETCH_MIN
+        batch > 1 and not k_slices and batch * M * K >= PREFETCH_MIN
     consts["clang_prefetch"] = ctx.target.implementation == "intel"
     gx, gy = -(-N // consts["RN"]), -(-M // s.rows)
     glob, local = s.cover(gx, gy, batch)

@@ -357,6 +357,19 @@ SLICED_LANES = 512
 SLICED_DEPTH = 32
 
 
+def sliced_misfit(target, shape, tiles, depth, sl, ctype):
+    """Why ``sl`` sets of lanes of ``tiles`` at ``depth`` cannot run on ``target`` (None: they
+    can): the large-tile form, the work-group's size and its local memory."""
+    if not large_form(shape, tiles, depth):
+        return (f"needs the large-tile form (operands affine in k, tiles of real4 blocks); "
+                f"{tiles} at depth {depth} is not")
+    lanes, local = sl * tile_lanes(tiles), sl * gemm_local_bytes(shape, tiles, depth, ctype)
+    if lanes > target.max_work_group or local > target.local_mem:
+        return (f"= {sl} asks for {lanes} work-items and {local} bytes of local memory per "
+                f"group; the device allows {target.max_work_group} and {target.local_mem}")
+    return None
+
+
 def sliced_schedule(target, shape, ctype):
     """The sliced large-tile schedule for a product whose 64×64 tiles fill the compute units
     about once (at least FILL of them, and all in one round at SLICED_LANES a unit): the most
@@ -375,11 +388,9 @@ def sliced_schedule(target, shape, ctype):
     count, units = -(-M // TM) * -(-N // TN), target.compute_units
     for sl in (4, 2):
         depth = SLICED_DEPTH * 4 // itemsize(ctype) // sl
-        lanes = sl * tile_lanes(SLICED_TILES)
-        if count < FILL * units or count * lanes > units * SLICED_LANES or \
-                K < 4 * sl * depth or lanes > target.max_work_group or \
-                not large_form(shape, SLICED_TILES, depth) or \
-                sl * gemm_local_bytes(shape, SLICED_TILES, depth, ctype) > target.local_mem:
+        if count < FILL * units or count * sl * tile_lanes(SLICED_TILES) > units * SLICED_LANES \
+                or K < 4 * sl * depth or \
+                sliced_misfit(target, shape, SLICED_TILES, depth, sl, ctype):
             continue
         return Schedule(tiles=SLICED_TILES, depth=depth, split=1, sliced=sl)
     return None
@@ -712,17 +723,11 @@ def choose(target, kind, name, ctype="float", **shape):
         s = replace(s, sliced=None, depth=over.depth or LARGE_TK)
     if kind == "column_sum" and over.split is None:    # the slices the group size leaves
         s = replace(s, split=column_slices(target, s.local, shape, s.vector or 1))
-    if kind == "gemm" and (s.sliced or 1) > 1:
-        bad = f"schedule override {key!r} for launch {name!r}: field 'sliced'"
-        if not large_form(shape, s.tiles, s.depth):
-            raise CompileError(f"{bad} needs the large-tile form (operands affine in k, tiles "
-                               f"of real4 blocks); {s.tiles} at depth {s.depth} is not")
-        lanes, local = s.sliced * tile_lanes(s.tiles), \
-            s.sliced * gemm_local_bytes(shape, s.tiles, s.depth, ctype)
-        if lanes > target.max_work_group or local > target.local_mem:
-            raise CompileError(f"{bad} = {s.sliced} asks for {lanes} work-items and {local} "
-                               f"bytes of local memory per group; the device allows "
-                               f"{target.max_work_group} and {target.local_mem}")
+    misfit = kind == "gemm" and (s.sliced or 1) > 1 and \
+        sliced_misfit(target, shape, s.tiles, s.depth, s.sliced, ctype)
+    if misfit:
+        raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'sliced' "
+                           f"{misfit}")
     if kind == "gemm" and s.split > 1 and not shape.get("splittable"):
         raise CompileError(f"schedule override {key!r} for launch {name!r}: field 'split' needs "
                            f"a product at batch 1 with one contiguous output")
