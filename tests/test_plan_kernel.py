@@ -180,3 +180,34 @@ def test_a_phase_repeated_or_out_of_plan_order_runs_again():
     assert split([a, a, a]) == [(a.name,)] * 3
     assert split([b, a, c]) == [(b.name,), (a.name, c.name)]
     assert split([a, apart, b, b]) == [(a.name,), apart, (b.name,), (b.name,)]
+
+
+def test_kernels_only_phases_use_are_built_when_a_launch_runs_alone(monkeypatch):
+    """A step through the plan kernel runs its phases' bodies inside it, so a compile builds only
+    the plan kernel and the launches apart (issue 47's cold start); the phases' own kernels are
+    built, checked and bound the first time one of those launches runs alone, and then agree
+    with the plan kernel (under Oclgrind: one work-group)."""
+    import numpy as np
+    from kilnet.model import Model
+    monkeypatch.setenv("KILNET_PLAN_KERNEL", "1")
+    monkeypatch.setenv("KILNET_DEVICE", "oclgrind")
+    g = kn.Graph("tiny")
+    g.output("y", kn.dense(kn.dense(g.input("x", (5,)), 7, activation="tanh"), 3))
+    m = kn.compile(g, batch=2, optimizer=kn.SGD(lr=0.1), loss="mse", seed=3)
+    ex, pk = m._exec, m.plan.plan_kernel
+    assert ex.plan_kernel_why is None and pk is not None
+    alone = {la.kernel for la in m.plan.launches if la.name not in pk.index}
+    assert ex._deferred == {la.kernel for la in m.plan.launches} - alone
+    assert ex.build_report["programs"] == 1 + len(alone)
+    x, y = np.linspace(-1, 1, 10).reshape(2, 5), np.ones((2, 3))
+    first = m.train_step({"x": x}, {"y": y})
+    m.forward({"x": x})
+    assert ex._deferred and not any(la.name in ex.bound for la in m.plan.launches
+                                    if la.kernel in ex._deferred), "a step built the phases"
+    two = Model(m.plan, m.device, seed=3)
+    two._exec.submit = two._exec.submit.inner           # every launch alone
+    np.testing.assert_allclose(two.train_step({"x": x}, {"y": y}), first, rtol=1e-5)
+    assert not two._exec._deferred
+    assert two._exec.build_report["programs"] == len(m.plan.sources)
+    with pytest.raises(KeyError):
+        two._exec.bound["no such launch"]

@@ -48,8 +48,11 @@ class Executor:
         self._check_device()
         self.ctx, self.queue, _ = dc = self._dc = devmod.context(self.device)
         self.lock = threading.Lock()
+        self._late, self._launch_names = threading.Lock(), None
         self._pending = []
-        self.bound = {}                 # filled below; the submitter reads it at run time
+        # filled below; the submitter reads it at run time. Kernels only the plan kernel's
+        # phases use are built the first time anything asks for them (_bind_deferred).
+        self.bound = _Bound(self._bind_deferred)
         self.submit = submit.choose(self.device, self.queue, self.bound,
                                     printf=any("printf" in s for s in plan.sources.values()),
                                     setting=settings.enqueue)
@@ -65,25 +68,66 @@ class Executor:
         self._group = _Group(self)
         groups = groups_for(self.device, settings.plan_groups) if plan.plan_kernel else None
         self.build_report = {}          # build_all's counts: programs, cached, children, ...
-        programs = self._build_all()
-        kernels = {launch.name: cl.Kernel(programs[launch.kernel], launch.kernel)
-                   for launch in plan.launches}
-        self._check_kernels(kernels)
+        self._deferred = self._phase_only()
+        programs = self._build_all([k for k in plan.sources if k not in self._deferred])
+        now = [la for la in plan.launches if la.kernel in programs]
+        kernels = self._kernels(now, programs)
         self._alloc(poison)
-        for launch in plan.launches:
+        for launch in now:
             self.bind(launch, kernels[launch.name])
         self.plan_kernel_why = plan.plan_kernel_why
         if plan.plan_kernel is not None:
             self._use_plan_kernel(programs[plan.plan_kernel.name], groups)
+        if self.plan_kernel_why is not None:      # no plan kernel here: every launch runs alone
+            self._bind_deferred()
 
-    def _build_all(self):
-        """{kernel name: its built program}: each kernel's source on its own (so that models
-        sharing a kernel share its program and cached binary), the plan kernel from a second
-        thread meanwhile (CONCURRENT_BUILDS). NVIDIA's compiler, W1 at batch 64: 3.7 s for the
-        plan kernel and 4.8 s for the other 36 one after the other; at once they overlapped by
-        1.3 s. The 36 as
-        one program built in 3.5 s instead of 4.8, but then no model would share a program with
-        another (the tuner builds a model once per candidate, one kernel's schedule changed)."""
+    def _phase_only(self):
+        """The kernels whose every launch is a phase of the plan kernel: a step runs them inside
+        it, so they are built only when something runs one of those launches alone (a profile,
+        check_finite, a test against separate launches). W1 at batch 64 on an H200 from a cold
+        cache: 36 of its 38 programs, which took 2-4 s of NVIDIA's compiler besides the plan
+        kernel's 2 s."""
+        pk = self.plan.plan_kernel
+        if pk is None:
+            return set()
+        alone = {la.kernel for la in self.plan.launches if la.name not in pk.index}
+        return {la.kernel for la in self.plan.launches} - alone - {pk.name}
+
+    def _kernels(self, launches, programs):
+        """{launch name: its kernel} for ``launches``, made from their built ``programs`` and
+        checked against the device (_check_kernels)."""
+        kernels = {la.name: self.cl.Kernel(programs[la.kernel], la.kernel) for la in launches}
+        self._check_kernels(launches, kernels)
+        return kernels
+
+    def _bind_deferred(self, name=None):
+        """Build and bind the deferred kernels (_phase_only), all at once: the first launch run
+        alone is seldom the last. ``name``: the launch asked for (a KeyError if no launch of the
+        plan has that name)."""
+        if name is not None and name not in self._by_name():
+            raise KeyError(name)
+        with self._late:
+            if self._deferred:
+                names, self._deferred = sorted(self._deferred), set()
+                programs = self._build_all(names)
+                late = [la for la in self.plan.launches if la.kernel in programs]
+                kernels = self._kernels(late, programs)
+                for launch in late:
+                    self.bind(launch, kernels[launch.name])
+
+    def _by_name(self):
+        if self._launch_names is None:
+            self._launch_names = {la.name for la in self.plan.launches}
+        return self._launch_names
+
+    def _build_all(self, names):
+        """{kernel name: its built program} for kernels ``names``: each source on its own (so
+        that models sharing a kernel share its program and cached binary), the plan kernel from a
+        second thread meanwhile (CONCURRENT_BUILDS). NVIDIA's compiler, W1 at batch 64: 3.7 s for
+        the plan kernel and 4.8 s for the other 36 one after the other; at once they overlapped
+        by 1.3 s. The 36 as one program built in 3.5 s instead of 4.8, but then no model would
+        share a program with another (the tuner builds a model once per candidate, one kernel's
+        schedule changed)."""
         plan = self.plan
         pk = plan.plan_kernel.name if plan.plan_kernel is not None else None
 
@@ -92,13 +136,17 @@ class Executor:
 
         def one(name):
             return self.program(name, plan.sources[name], options(name))
-        if pk is None or devmod.implementation(self.device) not in CONCURRENT_BUILDS:
-            return build_all(self._dc, [(k, plan.sources[k], options(k)) for k in plan.sources],
+        items = [(k, plan.sources[k], options(k)) for k in names]
+        if pk not in names or devmod.implementation(self.device) not in CONCURRENT_BUILDS:
+            part = {}
+            out = build_all(self._dc, items,
                              cache_dir=self.settings.cache, dump=self.settings.dump_kernels,
                              where=devmod.index_of(self.device),
                              processes=processes_for(self.settings.build_processes),
-                             report=self.build_report)
-        items = [(k, plan.sources[k], options(k)) for k in plan.sources]
+                             report=part)
+            for key, n in part.items():         # a deferred build adds to the first's
+                self.build_report[key] = self.build_report.get(key, 0) + n
+            return out
         todo = {k for k, _s, _o in missing_from(self._dc, items, self.settings.cache)}
         with BuildProgress(len(todo), self.device.name.strip()) as progress:
             def counted(name):
@@ -108,7 +156,7 @@ class Executor:
                 return program
             with ThreadPoolExecutor(1) as pool:
                 big = pool.submit(counted, pk)
-                out = {k: counted(k) for k in plan.sources if k != pk}
+                out = {k: counted(k) for k in names if k != pk}
                 out[pk] = big.result()
         return out
 
@@ -170,11 +218,11 @@ class Executor:
             raise CompileError(f"the plan needs {need / 2**20:.1f} MiB of device memory; {where} "
                                f"has {d.global_mem_size / 2**20:.1f} MiB")
 
-    def _check_kernels(self, kernels):
-        """What each built kernel needs against what the device gives it, before any allocation."""
+    def _check_kernels(self, launches, kernels):
+        """What each built kernel needs against what the device gives it, before it is bound."""
         d = self.device
         where = f"{d.name.strip()} ({d.platform.name.strip()})"
-        for launch in self.plan.launches:
+        for launch in launches:
             local, group, has = limits(kernels[launch.name], d)
             if local > has:
                 raise CompileError(f"kernel {launch.kernel} (launch {launch.name}) needs {local} "
@@ -392,3 +440,16 @@ class _Group:
             if not fed.depth:
                 fed.flush(self.ex._syncs)
         return False
+
+
+class _Bound(dict):
+    """The executor's bound launches: {name: (kernel, global size, local size)}. A name missing
+    is first handed to ``late`` (which binds the deferred kernels, or raises KeyError)."""
+
+    def __init__(self, late):
+        super().__init__()
+        self._late = late
+
+    def __missing__(self, name):
+        self._late(name)
+        return dict.__getitem__(self, name)
