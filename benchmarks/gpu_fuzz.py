@@ -101,6 +101,8 @@ def one(index, seed, device, plant=None, dtype="float64"):
         run["launches"] = len(fast.plan.launches)
         run["sliced"] = sum("sl = get_local_id(2)" in fast.plan.sources[la.kernel]
                             for la in fast.plan.launches)
+        # parameters whose gradient train_step's optimizer sums (compiler/summed_updates.py)
+        run["summed"] = sum("part" in la.buffers for la in fast.plan.launches_in("optimizer"))
         plain = Model(fast.plan, fast.device, seed=abs(index))
         if hasattr(plain._exec.submit, "inner"):
             plain._exec.submit = plain._exec.submit.inner
@@ -174,7 +176,8 @@ def line(rec):
         state = "ok" if not r["problems"] else "MISMATCH"
         parts.append(f"{r['optimizer']} {state} {'bits' if r['identical'] else 'close'} "
                      f"[{r['path']}, {r['launches']} launches, {r['phases']} phases in "
-                     f"{r['stages']} stages, {r.get('sliced', 0)} sliced; ref {r['worst']['reference']:.1e}, "
+                     f"{r['stages']} stages, {r.get('sliced', 0)} sliced, {r.get('summed', 0)} "
+                     f"summed; ref {r['worst']['reference']:.1e}, "
                      f"paths {r['worst']['paths']:.1e}]")
     text = (f"graph {rec['index']:4d}{' (' + rec['corpus'] + ')' if rec['corpus'] else ''} "
             f"b{rec['batch']} in{rec['inputs']} "
@@ -225,7 +228,8 @@ def main():
             f"# runs (graph x optimizer): {len(runs)}; through the plan kernel: "
             f"{sum(r['path'] == 'plan kernel' for r in runs)}; stages shared by several phases "
             f"in {sum(r['phases'] > r['stages'] for r in runs)}; with sliced products: "
-            f"{sum(r.get('sliced', 0) > 0 for r in runs)}",
+            f"{sum(r.get('sliced', 0) > 0 for r in runs)}; with gradients summed in the update: "
+            f"{sum(r.get('summed', 0) > 0 for r in runs)}",
             f"# mismatches: {len(bad)}; errors: {len(errors)}; default path bit-identical to "
             f"separate launches in {sum(r['identical'] for r in runs)} of {len(runs)}",
             f"# worst distance, default path to separate launches: "

@@ -63,6 +63,9 @@ class Settings:
                                  "run launch sequences as one plan kernel (1) or not (0)")
     plan_merge: str = _variable("KILNET_PLAN_MERGE", _choice("0", "1"), "independent phases of "
                                 "a plan kernel share a stage (1, default) or not (0)")
+    update_sums: str = _variable("KILNET_UPDATE_SUMS", _choice("0", "1"), "train_step's "
+                                 "optimizer sums the gradients that column sums of few rows "
+                                 "would store (1) or reads them stored (0, default)")
     plan_groups: int = _variable("KILNET_PLAN_GROUPS", _count, "work-groups of a plan kernel")
     vector_bytes: str = _variable("KILNET_VECTOR_BYTES", _choice("16", "32", "64"),
                                   "the CPU forms' explicit vector, in bytes")

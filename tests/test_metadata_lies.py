@@ -7,6 +7,7 @@ that covers it must fail (issue 29). Which check covers which transformation:
 | poisoning rewritten buffers (lower._written_first) | "out": every element written, none read first | the extents check's unwritten-element test (test_plan_checks.py) |
 | the activation-derivative fusion (compiler/fusion.py) | ``Op.applies_input_derivative``, ``Op.preactivation`` | gradients against finite differences (below) |
 | the weight gradient formed in the update (``Op.outer_gradients``) | its dz, x and rows | train_step against the stored gradients' (below); its ranges by the extents check |
+| the gradients the update sums (compiler/summed_updates.py) | a column sum's ``Kernel.sums`` (source, rows, columns); the launches' declared accesses | train_step against the stored gradients' (below; test_summed_updates.py); the accesses by the extents and order checks |
 | activation memory reused by liveness (inference plans) | ``Lowering.liveness`` | the inference plan against the training plan's forward, and placement against live ranges computed apart (below; test_plan.py); its stages by the checks above, which run inference plans too |
 | the sum fold (compiler/fusion.py: an add only a norm reads is not computed) | the count of the add's readers (``fusion.readers``), ``Op.is_sum``, ``Op.takes_sum`` | gradients against central differences and the loss against the reference (below; test_norm_pool.py) |
 | the CPU gathers (conv1d's and multi_window_conv's input gradient as a product and a gather) | the gathered scratch's range and index maths | the extents and order checks on CPU-form plans, and gradients against finite differences (test_gradients.py, test_fuzz.py) |
@@ -98,6 +99,23 @@ def test_an_outer_gradient_over_too_few_rows_fails_the_update_check(monkeypatch)
     with pytest.raises(AssertionError):
         test_optimizers.test_small_batches_form_dense_weight_gradients_in_the_update(
             4, "adam", monkeypatch)
+
+
+def test_column_sums_said_to_sum_one_row_fewer_fail_the_update_check(monkeypatch, tmp_path):
+    import dataclasses
+
+    import test_summed_updates as tsu
+    args = (monkeypatch, tmp_path, "gpu", kn.Adam)
+    tsu.test_the_update_sums_what_the_column_sums_would_store(*args)    # the truth passes
+    gemm = importlib.import_module("kilnet.kernels.gemm")
+    real = gemm.column_sum
+
+    def one_row_fewer(*a, **k):
+        return [dataclasses.replace(s, sums=s.sums and (s.sums[0], s.sums[1] - 1, s.sums[2]))
+                for s in real(*a, **k)]
+    monkeypatch.setattr(gemm, "column_sum", one_row_fewer)
+    with pytest.raises(AssertionError):
+        tsu.test_the_update_sums_what_the_column_sums_would_store(*args)
 
 
 def test_live_ranges_that_end_too_early_fail_the_reuse_checks(monkeypatch):

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A value of each variable that would break or change a run if anything read it after compile.
 BAD = {"KILNET_DEVICE": "no-such-device", "KILNET_TARGET": "tpu", "KILNET_PLAN_KERNEL": "yes",
-       "KILNET_PLAN_MERGE": "no", "KILNET_PLAN_GROUPS": "zero", "KILNET_VECTOR_BYTES": "48",
+       "KILNET_PLAN_MERGE": "no", "KILNET_UPDATE_SUMS": "yes", "KILNET_PLAN_GROUPS": "zero", "KILNET_VECTOR_BYTES": "48",
        "KILNET_CPU_PRODUCTS": "intel/48", "KILNET_SCHEDULES": "/nonexistent/table.json",
        "KILNET_ENQUEUE": "graph", "KILNET_DUMP_KERNELS": "/proc/no/dump",
        "KILNET_CACHE_DIR": "/proc/no/cache", "KILNET_MPI_TIMEOUT": "soon",

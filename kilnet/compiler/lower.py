@@ -18,9 +18,9 @@ from ..policy import memory, names
 from ..policy.dtypes import CTYPE
 from ..runtime import abi
 from ..policy.plan import Arg, HostStep, Launch, Plan, ScalarArg
-from ..policy.schedule import OUTER_UPDATE_ROWS
+from ..policy.schedule import OUTER_UPDATE_ROWS, UPDATE_SUM_ROWS
 from ..policy.target import GPU
-from . import persistent, render, resident
+from . import persistent, render, resident, summed_updates
 from .fusion import fold_sums, folded, fuse_activation_derivatives, grad_writers, inputs_of, root
 from .render import Renderer
 
@@ -147,6 +147,8 @@ class Lowering:
         self._node_params = {}
         self.targets, self.loss_parts, self.input_grad_buffers = {}, [], {}
         self.outer = {}          # grad buffer -> (parameter, OuterGradient) the optimizer forms
+        self.sums = {}           # launch name -> its kernel's `sums` (kernels.base.Kernel)
+        self.summed = {}         # parameter -> (src, rows): its gradient the optimizer sums
         self.guarded = False     # whether GUARDED launches read names.STEP_OK (step_ok)
         # Nodes no output depends on: no launch computes them, so training leaves their
         # parameters (their gradients stay 0) and state as they were.
@@ -231,6 +233,8 @@ class Lowering:
             args = abi.layout(k.names, k.args, buffer_arg, scalar_arg)
             self.launches.append(Launch(name, k_phase, kname, k.global_size, k.local_size, args,
                                         node_name, k.apart))
+            if k.sums:
+                self.sums[name] = k.sums
 
     def forward(self):
         training = bool(self.loss)
@@ -317,6 +321,11 @@ class Lowering:
                           get_op(node.op).update_state(node, Context(self, node, True)))
         self.input_grad_buffers = {name: self.grad_buffer(node) for name, node
                                    in self.graph.inputs.items() if wants[name] and name in written}
+        if self.optimizer is not None and self.ranks == 1 and self.target.update_sums:
+            # (data-parallel training all-reduces the stored gradients)
+            self.summed = summed_updates.fold(self.launches, self.sums,
+                                              {names.grad(p): p for p in self.params},
+                                              self.buffers, UPDATE_SUM_ROWS)
 
     def check_feeds(self):
         """A loss part per feed that is NaN where the feed holds a NaN or an infinity
@@ -376,9 +385,10 @@ class Lowering:
                 self.outer[names.grad(full)] = (full, og)
 
     def order_params(self):
-        """Parameters whose gradient the optimizer forms (`outer`) go last in the param, grad
-        and moment arenas, so that the others stay one range for one update launch."""
-        for full, _ in self.outer.values():
+        """Parameters whose gradient the optimizer forms (`outer`) or sums (`summed`) go last in
+        the param, grad and moment arenas, so that the others stay one range for one update
+        launch."""
+        for full in [full for full, _ in self.outer.values()] + list(self.summed):
             for name in [full, names.grad(full)] + [names.moment(full, i) for i in
                                                     range(1, self.optimizer.moments + 1)]:
                 self.buffers[name] = self.buffers.pop(name)
@@ -405,7 +415,7 @@ class Lowering:
                     **moments, "scal": names.SCALARS}
 
         outer = {full: og for full, og in self.outer.values()}
-        stored = [p for p in self.params if p not in outer]
+        stored = [p for p in self.params if p not in outer and p not in self.summed]
         if self.debug_buffers:
             # Each buffer is its own allocation here, so each parameter gets its own launch.
             for full in stored:
@@ -415,7 +425,8 @@ class Lowering:
             # One launch spans the arena up to the first parameter whose gradient the optimizer
             # forms (order_params put those last): the first parameter sits at offset 0 in each
             # of the param, grad and moment arenas, and the padding between parameters stays 0.
-            end = min((self.buffers[p].offset for p in outer), default=self.arenas["param"])
+            end = min((self.buffers[p].offset for p in list(outer) + list(self.summed)),
+                      default=self.arenas["param"])
             self.emit("optimizer", "optimizer", [opt.kernel(end, bufs(stored[0], end),
                                                             sched("optimizer.update"), scaled)])
         for full, og in outer.items():
@@ -424,6 +435,11 @@ class Lowering:
             self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, fused,
                                                      sched(f"{full}.update"),
                                                      outer=(og.rows,) + self.buffers[full].shape)])
+        for full, (src, rows) in self.summed.items():
+            summing = dict(bufs(full), part=src)
+            del summing["grad"]
+            self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, summing,
+                                                     sched(f"{full}.update"), summed=rows)])
 
     def liveness(self):
         """(first, last) forward step of each activation buffer, for inference-plan reuse."""
@@ -517,7 +533,7 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
     if loss:
         lo.backward()
     live = None if loss else lo.liveness()
-    if lo.outer:
+    if lo.outer or lo.summed:
         lo.order_params()
     lo.arenas = memory.place(lo.buffers, live)
     if optimizer is not None:

@@ -127,6 +127,10 @@ class Kernel:
     # Why the launch runs on its own beside a plan kernel (compiler/persistent.py), where its
     # kernel chose so; None: the plan kernel decides.
     apart: str = None
+    # (src, rows, N): the launch only stores out[n] = Σ_{r<rows} src[r·N + n] for n < N (a plain
+    # column sum: kernels.gemm.column_sum). Where out is a parameter gradient, the
+    # optimizer may sum src itself (compiler/fusion.py, ``fold_partial_sums``).
+    sums: tuple = None
 
 
 @dataclass

@@ -294,7 +294,10 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
     if split == 1:
         buffers = {"src": src, "out": out}
         epilogue(consts, buffers, accumulate, bias, act, z, dscale, cols)
-        return [kernel(step, "column_sum", consts, buffers, (items, LY), s.local)]
+        plain = not accumulate and bias is None and act == "none" and z is None and \
+            dscale is None
+        return [dataclasses.replace(kernel(step, "column_sum", consts, buffers, (items, LY),
+                                           s.local), sums=(src, rows, cols) if plain else None)]
     partial = ctx.scratch(f"{step}.partial", split * cols)
     slices = {"src": src, "out": partial}
     epilogue(consts, slices, False, None, "none", None, None)

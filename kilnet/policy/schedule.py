@@ -38,6 +38,11 @@ SLICE_ROWS = 256
 # it updates the weight, rather than stored by a product and read back (compiler/lower.py,
 # Lowering.choose_outer).
 OUTER_UPDATE_ROWS = 4
+# A parameter gradient stored by a plain column sum of at most this many rows (split-k slices,
+# a bias gradient's row slices or few samples) is summed by the optimizer from the sum's source
+# as it updates the parameter (compiler/summed_updates.py): each element's update reads that
+# many values in turn.
+UPDATE_SUM_ROWS = 32
 # A map launch whose items are each much work (graph_attention's dS per sample and head on CPUs)
 # takes groups small enough for HEAVY_GROUPS per compute unit: W2's 4 heads at batch 1 ran on one
 # core of two in a group of 64 (0.022-0.025 ms), in groups of 1 or 2 in 0.015-0.018 ms. At batch

@@ -41,6 +41,11 @@ class Target:
     driver: str = ""           # the driver version: part of the key of a tuned schedule table
     plan_kernel: bool = False  # run launch sequences as one plan kernel (compiler/persistent.py)
     plan_merge: bool = True    # independent phases of it share a stage (persistent.stages)
+    # train_step's optimizer sums gradients that plain column sums would store
+    # (compiler/summed_updates.py). Off unless KILNET_UPDATE_SUMS=1: on an H200 it ran W2 b32's
+    # train sequence in 0.282 ms against 0.260 stored (its 20 updates as phases of their own),
+    # W2 b16 and W5 level (benchmarks/results/nvidia-h200-summed-updates-2026-12-04.txt).
+    update_sums: bool = False
     vector_bytes: int = 32     # a CPU form's explicit vector: one register (vector_bytes_of)
     cpu_products: str = None   # KILNET_CPU_PRODUCTS: a CPU_PRODUCTS key to use instead of its own
     table: str = None          # the schedule table laid over the policy (its path), or None
@@ -80,7 +85,8 @@ class Target:
                      device.local_mem_size, device.name.strip(), impl,
                      device.driver_version.strip(),
                      one == "1" if one else impl in PLAN_KERNEL, settings.plan_merge != "0",
-                     vector_bytes_of(device, settings.vector_bytes), settings.cpu_products)
+                     settings.update_sums == "1", vector_bytes_of(device, settings.vector_bytes),
+                     settings.cpu_products)
         path = sched.table_path(target, settings)
         return target if path is None else replace(target, schedules=sched.load_table(path),
                                                    table=path)
