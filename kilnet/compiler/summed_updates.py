@@ -1,9 +1,9 @@
 """Gradients the optimizer sums itself: a parameter gradient that a plain column sum stores
 (``Kernel.sums``) from partial sums in scratch memory (the second launch of a split-k
 weight-gradient product, adding its slices' partial products; the second launch of a bias
-gradient cut into row slices) is, in train_step, summed from the column sum's source by the optimizer as it updates
-the parameter, over at most ``UPDATE_SUM_ROWS`` rows (policy/schedule.py). The column sum then
-runs only for ``gradients()`` (phase "gradient", as the products storing an ``OuterGradient``):
+gradient cut into row slices) is, in train_step, summed from the column sum's source by the
+optimizer as it updates the parameter, over at most ``UPDATE_SUM_ROWS`` rows
+(policy/schedule.py). The column sum then runs only for ``gradients()`` (phase "gradient", as the products storing an ``OuterGradient``):
 one launch fewer per such parameter and, in the plan kernel, a stage fewer wherever those sums
 were a stage of their own (W2 at batch 32: its attention's q, k and v gradients). Off unless
 KILNET_UPDATE_SUMS=1 (policy/target.py): measured on an H200 it did not pay (W2 b32's run 0.282
@@ -37,9 +37,10 @@ def fold(launches, sums, grads, buffers, max_rows):
                                  f"({buffers[src].size} elements) into {g} "
                                  f"({buffers[g].size})")
         touched = any(g in o.reads or g in o.writes for o in launches if o is not la)
-        writers = [o for o in launches if src in o.writes]
-        if touched or not writers or any(o.phase not in ("forward", "backward") for o in writers) \
-                or any(src in o.writes for o in launches[i + 1:]):
+        writers = [j for j, o in enumerate(launches) if src in o.writes]
+        # every writer of the source runs in train_step, and before the sum
+        if touched or not writers or writers[-1] > i or \
+                any(launches[j].phase not in ("forward", "backward") for j in writers):
             continue
         la.phase = "gradient"
         chosen[param] = (src, rows)

@@ -129,7 +129,7 @@ class Kernel:
     apart: str = None
     # (src, rows, N): the launch only stores out[n] = Σ_{r<rows} src[r·N + n] for n < N (a plain
     # column sum: kernels.gemm.column_sum). Where out is a parameter gradient, the
-    # optimizer may sum src itself (compiler/fusion.py, ``fold_partial_sums``).
+    # optimizer may sum src itself (compiler/summed_updates.py).
     sums: tuple = None
 
 

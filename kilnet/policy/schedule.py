@@ -38,8 +38,8 @@ SLICE_ROWS = 256
 # it updates the weight, rather than stored by a product and read back (compiler/lower.py,
 # Lowering.choose_outer).
 OUTER_UPDATE_ROWS = 4
-# A parameter gradient stored by a plain column sum of at most this many rows (split-k slices,
-# a bias gradient's row slices or few samples) is summed by the optimizer from the sum's source
+# A parameter gradient stored by a plain column sum of at most this many rows of partial sums
+# (split-k slices, a bias gradient's row slices) is summed by the optimizer from the sum's source
 # as it updates the parameter (compiler/summed_updates.py): each element's update reads that
 # many values in turn.
 UPDATE_SUM_ROWS = 32
