@@ -4,6 +4,7 @@
     kilnet inspect examples/two_spirals.py                     # calls build_model()
     kilnet inspect examples/two_spirals.py:build_model --kernel dense_1.forward
     kilnet inspect mypkg.models:make_graph --batch 32 --memory
+    kilnet inspect examples/two_spirals.py --html report.html   # one self-contained HTML page
     kilnet bench [--steps N] [--device D]
     kilnet export examples/qnet.py qnet_bundle/ [--train] [--target cpu|gpu] [--mql5 qnet.mqh]
     kilnet export qnet.kiln --onnx qnet.onnx [--mql5-onnx qnet.mq5]   # inference graph as ONNX
@@ -27,10 +28,12 @@ import sys
 import kilnet as kn
 
 from . import export, mql5, onnx_export, tune
+from . import report as html_report
 from .errors import KilnetError
 from .inspect import arg_list, kernel_table, memory_table
 from .model import Model
 from .runtime.device import devices, select
+from .runtime.progress import Progress
 from .settings import read as read_settings
 
 USAGE_ERROR = 2
@@ -145,9 +148,22 @@ def load_model(target, batch=1):
 
 def cmd_inspect(args):
     if os.path.isdir(args.target):
+        if args.html is not None:
+            raise UsageError(f"--html needs a model (file.py, module:function or a .kiln "
+                             f"checkpoint); {args.target} is an export bundle, which holds no "
+                             f"compiled model to report on")
         return _inspect_bundle(args)
     _check_batch(args)
+    if args.html is not None:
+        try:                        # before compiling: a bad path costs nothing
+            html_report.check_path(args.html)
+        except kn.GraphError as e:
+            raise UsageError(f"--html: {e}") from None
     model = _model_of(args.target, args.batch)
+    if args.html is not None:
+        path = html_report.report(model, args.html)
+        print(f"wrote {path}: report of model {model.graph.name!r} ({len(model.kernels)} "
+              f"launches, {len(model.plan.sources)} kernel sources)")
     pk = model.plan.plan_kernel
     if args.kernel and pk is not None and args.kernel == pk.name:
         print(f"// {pk.describe()}")
@@ -165,7 +181,7 @@ def cmd_inspect(args):
         if args.kernel:
             print()
         print(memory_table(model))
-    if not (args.kernel or args.memory):
+    if not (args.kernel or args.memory or args.html):
         print(model.summary())
         print()
         print(kernel_table(model))
@@ -218,14 +234,22 @@ def cmd_export(args):
     _check_batch(args)
     if args.mql5 and not args.mql5.endswith(".mqh"):
         raise UsageError(f"--mql5 must name a .mqh file, got {args.mql5!r}")
-    model = _model_of(args.target, args.batch, inference=not args.train)
-    path = export.export(model, args.out, target=args.form, train=args.train)
-    doc = export.read(path, check_data=False)
-    print(f"wrote bundle {path}: {len(doc['launches'])} launches, {len(doc['kernels'])} kernels, "
-          f"calls {', '.join(doc['calls'])}")
-    if args.mql5:
-        print(f"wrote {mql5.write(path, args.mql5)}: "
-              f"{mql5.form_note(doc, 'target' if args.form else 'model')}")
+    # On a terminal: "kilnet: exporting to OUT: 1 of 3 (writing the bundle)" while it works.
+    steps = ["compiling the model", "writing the bundle", "checking the bundle"] + \
+        (["writing the MQL5 include"] if args.mql5 else [])
+    with Progress(len(steps), f"exporting to {args.out}", note=steps[0]) as progress:
+        say = progress.wrap(print)
+        model = _model_of(args.target, args.batch, inference=not args.train)
+        progress.advance(note=steps[1])
+        path = export.export(model, args.out, target=args.form, train=args.train)
+        progress.advance(note=steps[2])
+        doc = export.read(path, check_data=False)
+        say(f"wrote bundle {path}: {len(doc['launches'])} launches, {len(doc['kernels'])} "
+            f"kernels, calls {', '.join(doc['calls'])}")
+        if args.mql5:
+            progress.advance(note=steps[3])
+            say(f"wrote {mql5.write(path, args.mql5)}: "
+                f"{mql5.form_note(doc, 'target' if args.form else 'model')}")
     return 0
 
 
@@ -256,18 +280,25 @@ def _export_onnx(args):
     if args.mql5_onnx is not None and not args.mql5_onnx.endswith(".mq5"):
         raise UsageError(f"--mql5-onnx must name a .mq5 file, got {args.mql5_onnx!r}")
     _check_batch(args)
-    # ONNX is the inference graph; a bundle beside it trains where --train asks.
-    model = _model_of(args.target, args.batch, inference=not (args.out and args.train))
-    if args.out is not None:
-        path = export.export(model, args.out, target=args.form, train=args.train)
-        print(f"wrote bundle {path}")
-    path = onnx_export.export_onnx(model, args.onnx)
-    io = lambda d: ", ".join(f"{k} (N, {', '.join(map(str, n.shape))})" for k, n in d.items())  # noqa: E731
-    print(f"wrote {path}: ONNX opset {onnx_export.OPSET} of model {model.graph.name!r} "
-          f"({model.dtype}, inference); inputs {io(model.graph.inputs)}; outputs "
-          f"{io(model.graph.outputs)}")
-    if args.mql5_onnx is not None:
-        print(f"wrote {onnx_export.write_mql5_script(model, path, args.mql5_onnx)}")
+    steps = ["compiling the model"] + (["writing the bundle"] if args.out is not None else []) \
+        + ["writing the ONNX file"] + (["writing the MQL5 script"] if args.mql5_onnx else [])
+    with Progress(len(steps), f"exporting to {args.onnx}", note=steps[0]) as progress:
+        say = progress.wrap(print)
+        # ONNX is the inference graph; a bundle beside it trains where --train asks.
+        model = _model_of(args.target, args.batch, inference=not (args.out and args.train))
+        if args.out is not None:
+            progress.advance(note="writing the bundle")
+            path = export.export(model, args.out, target=args.form, train=args.train)
+            say(f"wrote bundle {path}")
+        progress.advance(note="writing the ONNX file")
+        path = onnx_export.export_onnx(model, args.onnx)
+        io = lambda d: ", ".join(f"{k} (N, {', '.join(map(str, n.shape))})" for k, n in d.items())  # noqa: E731
+        say(f"wrote {path}: ONNX opset {onnx_export.OPSET} of model {model.graph.name!r} "
+            f"({model.dtype}, inference); inputs {io(model.graph.inputs)}; outputs "
+            f"{io(model.graph.outputs)}")
+        if args.mql5_onnx is not None:
+            progress.advance(note="writing the MQL5 script")
+            say(f"wrote {onnx_export.write_mql5_script(model, path, args.mql5_onnx)}")
     return 0
 
 
@@ -325,6 +356,8 @@ def parser():
     p.add_argument("--kernel", metavar="NAME", help="print the OpenCL source of this launch "
                    "(e.g. dense_1.forward), or of the plan kernel (kl_plan), instead of the tables")
     p.add_argument("--memory", action="store_true", help="print the memory map (buffers, roles, offsets)")
+    p.add_argument("--html", metavar="PATH", help="write a self-contained HTML report of the "
+                   "compiled plan (graph, launches, arenas, sources) to PATH instead of the tables")
     graph_batch(p)
     p.set_defaults(func=cmd_inspect)
     p = sub.add_parser("export", help="write a bundle that runs the model without Python "

@@ -6,10 +6,12 @@ import time
 import numpy as np
 
 from . import checkpoint, device_data, diagnose, export as bundle, onnx_export
+from . import report as html_report
 from .errors import CompileError, FeedError, GraphError, KilnetError, NonFiniteLoss
 from .feeds import as_array, check_feeds, check_targets
 from .inspect import summary as summary_of
 from .ops import get_op
+from .profile import WHOLE_STEP, Profile, check_trace_path
 from .policy import names
 from .runtime import abi
 from .runtime import distributed
@@ -20,6 +22,29 @@ from .settings import read as read_settings
 
 
 class Model:
+    """A compiled model (``kn.compile``, ``kn.load``): a plan of OpenCL kernels over arenas on
+    one device, and the calls that run it.
+
+    Attributes:
+        graph (Graph): the compiled copy of the graph (frozen: build on the original and
+            compile again).
+        batch (int): the samples of every call (``forward`` accepts fewer).
+        dtype (str): "float32" or "float64".
+        device: the pyopencl device it runs on.
+        params (Params): ``model.params["dense_1.weight"]``: copies of every parameter and
+            state array, by ``<node>.<param>`` name; assigning (or ``params.update``) writes
+            to the device.
+        optimizer (SGD | Adam | None): the model's copy of the optimizer (its ``lr`` may be
+            changed between steps).
+        step (int): training steps done (a non-finite step does not count).
+        steps (dict): the launch sequence of each call ("forward", and "evaluate",
+            "gradients", "train_step" where compiled for them).
+        seed (int): the seed of the initial parameters and of dropout's masks.
+        comm, rank, ranks: the communicator, this rank and the rank count of a data-parallel
+            model (None, 0, 1 otherwise).
+        settings: the KILNET_* settings it was compiled under.
+    """
+
     def __init__(self, plan, device=None, seed=0, poison=False, comm=None, overlap=False):
         if plan.settings is None:       # a plan made by lower() alone: the environment now
             plan = dataclasses.replace(plan, settings=read_settings())
@@ -205,10 +230,18 @@ class Model:
         order = {r: i for i, r in enumerate(self.plan.arenas)}
         return sorted(rows, key=lambda r: (order.get(r["role"], 99), r["offset"], r["name"]))
 
-    def profile(self, feeds, targets=None, call="train_step", repeat=5):
+    def profile(self, feeds, targets=None, call="train_step", repeat=5, trace=None):
         """Where ``call`` (a key of ``model.steps``) spends its time: [(launch name, seconds)],
         the median over ``repeat`` runs of each launch timed alone (wall time around one enqueue
-        and a wait). Training calls change the model exactly as that many calls would."""
+        and a wait). Training calls change the model exactly as that many calls would.
+
+        The list is a ``kilnet.profile.Profile``: ``.events`` holds every timed run,
+        ``.trace()`` is them in the Chrome Trace Event Format and ``.save_trace(path)`` writes
+        that; ``trace=path`` writes it after profiling (the path is checked before anything
+        runs). Where the model runs through the plan kernel (``model._exec.submit.name ==
+        "plan kernel"``), one more run of ``call`` as it really runs (the plan kernel's
+        enqueues) is timed after the others, as an event of phase ``"whole step"``: a training
+        call then changes the model as ``repeat + 1`` calls would."""
         if call not in self.steps:
             raise GraphError(f"profile: call must be one of {sorted(self.steps)}, got {call!r}")
         if self._dist is not None:
@@ -217,24 +250,47 @@ class Model:
                                f"without comm")
         if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
             raise GraphError(f"profile: repeat must be an int >= 1, got {repeat!r}")
+        if trace is not None:
+            trace = check_trace_path(trace)
         n, arrays = self._feeds(feeds, partial=call == "forward")
         tarrays = self._targets(targets) if call != "forward" else None
-        times = {launch.name: [] for launch in self.steps[call]}
+        seq = self.steps[call]
+        times = {launch.name: [] for launch in seq}
+        events = []
+        whole = getattr(self._exec.submit, "name", None) == "plan kernel"
         with self._exec.lock:
             self._upload(arrays, tarrays)
-            for _ in range(repeat):
+            start = time.perf_counter()
+            for run in range(repeat + whole):
                 if call == "train_step":
                     self.step += 1
                     self._exec.write(names.SCALARS, self._scalars(self.step))
                 self._exec.finish()
                 clock = [time.perf_counter()]
+                if run == repeat:       # the whole-step run: the call as it runs
+                    self._exec.run(seq)
+                    self._exec.finish()
+                    now = time.perf_counter()
+                    events.append(dict(name=f"plan kernel: {call}", phase=WHOLE_STEP, run=0,
+                                       start=clock[0] - start, duration=now - clock[0]))
+                    continue
 
                 def lap(launch):
                     now = time.perf_counter()
                     times[launch.name].append(now - clock[0])
+                    events.append(dict(name=launch.name, phase=launch.phase, run=run,
+                                       start=clock[0] - start, duration=now - clock[0]))
                     clock[0] = now
-                self._exec.run(self.steps[call], after=lap)
-        return [(name, float(np.median(t))) for name, t in times.items()]
+                self._exec.run(seq, after=lap)
+        device = f"{self.device.name.strip()} ({self.device.platform.name.strip()})"
+        out = Profile([(name, float(np.median(t))) for name, t in times.items()], events,
+                      {la.name: dict(kernel=la.kernel, global_size=tuple(la.global_size),
+                                     local_size=tuple(la.local_size or ())) for la in seq},
+                      dict(model=self.graph.name, device=device, call=call, batch=self.batch,
+                           repeat=repeat, submit=getattr(self._exec.submit, "name", None)))
+        if trace is not None:
+            out.save_trace(trace)
+        return out
 
     def first_non_finite(self, feeds, targets):
         """Re-run the training-mode forward and loss launches on one batch, one launch at a time,
@@ -319,9 +375,15 @@ class Model:
         return np.array(abi.step_scalars(self.optimizer, step, self.ranks))
 
     def summary(self):
+        """A text report: the plan (batch, dtype, device, kernel form, submit path, settings),
+        each node with its op, shape and parameters, the arenas, and the launches."""
         return summary_of(self)
 
     def save(self, path):
+        """Write a .kiln checkpoint to ``path``: the architecture, compile settings, parameters,
+        state, optimizer moments and step, which ``kn.load`` reads back to continue training
+        exactly (kilnet/checkpoint.py). A data-parallel model is written by rank 0; every rank
+        must call it. Raises ``kn.CheckpointError`` when the file cannot be written."""
         checkpoint.save(self, path)
 
     def export(self, path, target=None, train=False):
@@ -338,6 +400,16 @@ class Model:
         dimension; see kilnet/onnx_export.py. Needs the onnx package (``kilnet[onnx]``).
         Returns the file's path."""
         return onnx_export.export_onnx(self, path)
+
+    def report(self, path, profile=None):
+        """Write one self-contained HTML page about this compiled plan to ``path`` (a str or
+        os.PathLike in an existing folder; written whole or not at all): the summary, the graph
+        drawn, every launch with its phase, plan-kernel stage, work sizes and argument slots,
+        the arenas to scale, each kernel's source highlighted and, given ``profile`` (what
+        ``model.profile`` returns), a timeline and each launch's time. Nothing in it is fetched
+        over a network. Bad arguments raise ``kn.GraphError`` before anything is written; see
+        kilnet/report.py. Returns the path."""
+        return html_report.report(self, path, profile)
 
     def __repr__(self):
         ranks = f" rank {self.rank}/{self.ranks}" if self.comm is not None else ""

@@ -35,6 +35,7 @@ from .policy import schedule as sched
 from .policy.target import Target
 from .policy.vectors import pow2_at_least
 from .runtime import timing
+from .runtime.progress import Progress
 
 DEFAULT_BUDGET = 120.0     # seconds of tuning per model
 MIN_NOISE = 0.02           # a win smaller than 2 % is not worth a table entry
@@ -229,7 +230,9 @@ def tune(model, budget=DEFAULT_BUDGET, only=None, path=None, write=True, log=Non
         default every tunable launch.
     path: the table to merge into (default: ``KILNET_SCHEDULES``, else the device's table in
         the cache dir, ``schedule.tuned_table_path``; both as the model's settings say). write=False measures without writing.
-    log: called with a line of progress per decision (e.g. ``print``)."""
+    log: called with a line of progress per decision (e.g. ``print``). Where standard error
+        is a terminal, a line "kilnet: tuning <model>: 3 of 10 (<launch>)" shows there too,
+        cleared before each log line and redrawn after it (runtime/progress.py)."""
     if not isinstance(model, Model):
         raise CompileError(f"tune: expected a compiled model (kn.compile(...)), got "
                            f"{type(model).__name__}")
@@ -248,16 +251,23 @@ def tune(model, budget=DEFAULT_BUDGET, only=None, path=None, write=True, log=Non
     session = _Session(model, base, seed)
     items = session.items(only)
     rows, entries, dropped = [], {}, []
-    for item in items:
-        if time.perf_counter() >= deadline:
-            rows.append(item.row(note="not tried: budget spent"))
-            continue
-        row, finished = session.tune_item(item, deadline, log)
-        rows.append(row)
-        if row.best is not None:
-            entries.update({k: row.best for k in row.keys})
-        elif finished:
-            dropped += row.keys
+    # On a terminal: "kilnet: tuning <model>: 3 of 10 (<launch>)", cleared around each log line.
+    with Progress(len(items), f"tuning {model.graph.name}",
+                  note=items[0].launches[0] if items else None) as progress:
+        log = progress.wrap(log)
+        for item in items:
+            progress.advance(0, note=item.launches[0])
+            if time.perf_counter() >= deadline:
+                rows.append(item.row(note="not tried: budget spent"))
+                progress.advance()
+                continue
+            row, finished = session.tune_item(item, deadline, log)
+            rows.append(row)
+            progress.advance()
+            if row.best is not None:
+                entries.update({k: row.best for k in row.keys})
+            elif finished:
+                dropped += row.keys
     table = None
     if write and (entries or dropped):
         table = sched.write_table(path, entries, dropped)
