@@ -24,28 +24,53 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
             overlap=False, check_extents=False):
     """Compile ``graph`` for ``batch`` samples into a runnable model.
 
-    optimizer: kn.SGD / kn.Adam, or None for a plan without updates.
-    loss: {output: "mse" | "cross_entropy" | "huber"} (or one kind for every output); without it
-        the plan is inference-only and reuses dead activation memory.
-    input_grads: also compute gradients with respect to graph inputs (``model.gradients``).
-    debug_buffers: give every buffer its own allocation (for Oclgrind), and one optimizer launch
-        per parameter, with guard regions around every buffer that are checked after each
-        launch (``kn.MemoryCheckError`` names the kernel that wrote out of range);
-        poison: fill every buffer a step must rewrite with NaN first.
-    check_finite: run every call a launch at a time and raise ``kn.NonFiniteLoss`` at the first
-        node whose output (or gradient) holds a NaN or an infinity, before any update is applied.
-    check_extents: run every launch on its own, each pointer argument confined to a buffer of
-        exactly the range the launch declares for it (a ``kn.MemoryCheckError`` names the launch
-        and argument whose kernel wrote outside it, wrote a range declared read-only, or left
-        part of a range declared written unwritten); under Oclgrind a read outside it is an
-        invalid read. Slow: for checking a new op's declarations (kilnet/runtime/extents.py).
-    comm: an mpi4py communicator (e.g. ``MPI.COMM_WORLD``) for data-parallel training: every rank
-        compiles the same graph with its own ``batch`` (per rank) and feeds its own shard;
-        ``train_step`` sums the gradients over the ranks (the optimizer takes their mean), and
-        parameters start from rank 0's. Every rank must make the same calls (they are collective).
-        The device is ``device`` if given, else ``KILNET_DEVICE``, else GPU (local rank mod GPUs).
-    overlap: with ``comm``, reduce the gradients in buckets (True: ~4 MiB, or the bucket size in
-        bytes) while backward still runs, instead of in one Allreduce after it.
+    Args:
+        graph (Graph): the graph, with at least one output; the model keeps its own copy.
+        batch (int): samples per call, >= 1 (per rank with ``comm``).
+        optimizer (SGD | Adam | None): kn.SGD / kn.Adam, or None for a plan without updates.
+        loss (dict | str | None): {output: "mse" | "cross_entropy" | "huber"} (or one kind for
+            every output); without it the plan is inference-only and reuses dead activation
+            memory.
+        dtype (str): "float32" (default) or "float64".
+        device (str | None): None takes ``KILNET_DEVICE`` if set, else the first GPU, else the
+            best CPU implementation that builds here; or "intel", "pocl", "nvidia", "gpu",
+            "cpu", "P:D" (platform:device), or a pyopencl Device.
+        seed (int): >= 0, the seed of the initial parameters and of dropout's masks.
+        input_grads (bool): also compute gradients with respect to graph inputs
+            (``model.gradients``).
+        debug_buffers (bool): give every buffer its own allocation (for Oclgrind), and one
+            optimizer launch per parameter, with guard regions around every buffer that are
+            checked after each launch (``kn.MemoryCheckError`` names the kernel that wrote out
+            of range).
+        poison (bool): fill every buffer a step must rewrite with NaN first.
+        check_finite (bool): run every call a launch at a time and raise ``kn.NonFiniteLoss`` at
+            the first node whose output (or gradient) holds a NaN or an infinity, before any
+            update is applied.
+        comm (mpi4py.MPI.Comm | None): an mpi4py communicator (e.g. ``MPI.COMM_WORLD``) for
+            data-parallel training:
+            every rank compiles the same graph with its own ``batch`` (per rank) and feeds its
+            own shard; ``train_step`` sums the gradients over the ranks (the optimizer takes
+            their mean), and parameters start from rank 0's. Every rank must make the same calls
+            (they are collective). The device is ``device`` if given, else ``KILNET_DEVICE``,
+            else GPU (local rank mod GPUs).
+        overlap (bool | int): with ``comm``, reduce the gradients in buckets (True: ~4 MiB, or
+            the bucket size in bytes) while backward still runs, instead of in one Allreduce
+            after it.
+        check_extents (bool): run every launch on its own, each pointer argument confined to a
+            buffer of exactly the range the launch declares for it (a ``kn.MemoryCheckError``
+            names the launch and argument whose kernel wrote outside it, wrote a range declared
+            read-only, or left part of a range declared written unwritten); under Oclgrind a
+            read outside it is an invalid read. Slow: for checking a new op's declarations
+            (kilnet/runtime/extents.py).
+
+    Returns:
+        model (Model): the compiled model, its parameters initialised from ``seed``.
+
+    Raises:
+        GraphError: ``graph`` is not a kn.Graph or has no outputs, a bad loss spec, or an
+            op's own compile-time checks.
+        CompileError: a bad batch, dtype, optimizer, seed or device, an optimizer without a
+            loss, ``overlap`` without ``comm``, or a kernel that fails to build.
     """
     if comm is None:
         if overlap:
@@ -123,7 +148,24 @@ def load(path, device=None, batch=None, comm=None, overlap=False, inference=Fals
 
     ``comm``: load it as a data-parallel model (every rank calls ``load``; ``batch`` is then per
     rank). A checkpoint saved by N ranks holds the per-rank batch; to continue the same training
-    in one process, pass ``batch=N * B`` (``header["ranks"]`` says N)."""
+    in one process, pass ``batch=N * B`` (``header["ranks"]`` says N).
+
+    Args:
+        path (str | os.PathLike): the .kiln file (``model.save``).
+        device (str | None): as ``kn.compile``'s ``device``.
+        batch (int | None): None: the saved batch; else an int >= 1.
+        comm (mpi4py.MPI.Comm | None): an mpi4py communicator, as ``kn.compile``'s.
+        overlap (bool | int): as ``kn.compile``'s, with ``comm``.
+        inference (bool): compile for ``forward`` alone (see above).
+
+    Returns:
+        model (Model): the compiled model with the saved arrays and ``step``.
+
+    Raises:
+        CheckpointError: the file is unreadable, truncated, of another version, or its
+            architecture does not compile.
+        CompileError: a bad batch or inference, inference=True with comm, or a bad device.
+    """
     if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
         raise CompileError(f"load: batch must be None or an int >= 1, got {batch!r}")
     if not isinstance(inference, bool):

@@ -50,6 +50,8 @@ class DeviceData:
 
     @property
     def batches_per_pass(self):
+        """Whole batches one pass over the data gives: ``samples // model.batch`` (the partial
+        rest of a pass is dropped)."""
         return self.samples // self.model.batch
 
     @property

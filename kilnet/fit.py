@@ -70,10 +70,12 @@ class History:
 
     @property
     def samples_per_s(self):
+        """Samples trained per second over the whole run (``samples / seconds``; 0 before any)."""
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def epochs(self):
+        """The epochs run, an interrupted last one included (``len(epoch_losses)``)."""
         return len(self.epoch_losses)
 
     def __repr__(self):
@@ -105,16 +107,41 @@ def _pair(item, step):
 def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="raise",
         desc=None, shuffle=True, sync_every=SYNC_EVERY, on_device=None):
     """Train ``model`` (compiled with a loss and an optimizer) on ``batches`` for ``epochs``
-    epochs, or until ``steps`` steps in all when given; returns a :class:`History`.
+    epochs, or until ``steps`` steps in all when given; returns a `History`.
 
-    ``batches``: (feeds, targets) pairs (see the module's docstring), or ``kn.DeviceData``.
-    ``progress``: show a tqdm bar per epoch (step, loss, samples/s) on stderr, labelled
-    "``desc`` epoch/epochs" (``desc`` defaults to "epoch").
-    ``on_non_finite``: "raise" (default) raises :class:`NonFiniteLoss`; "return" stops and
-    returns the history with the exception in ``history.stopped``.
-    ``shuffle``: reshuffle ``DeviceData`` each pass (batches given as a list keep their order).
-    ``sync_every``: steps per run of ``train_steps`` on the device, between loss reads.
-    ``on_device``: None uploads a list of batches that fits; True requires it; False never."""
+    Args:
+        model (Model): compiled with a loss and an optimizer.
+        batches (Iterable | Callable | DeviceData): (feeds, targets) pairs of dicts of
+            ``model.batch`` samples each: a list or any re-iterable, or a callable returning one
+            per epoch (``batches()`` or ``batches(epoch)``; see kilnet/fit.py's module
+            docstring); or ``kn.DeviceData``.
+        epochs (int): passes over ``batches``, >= 1 (default 1).
+        steps (int | None): stop after this many steps in all (>= 1); None: every epoch.
+        progress (bool): show a tqdm bar per epoch (step, loss, samples/s) on stderr, labelled
+            "``desc`` epoch/epochs".
+        on_non_finite (str): "raise" (default) raises `NonFiniteLoss`; "return" stops and
+            returns the history with the exception in ``history.stopped``.
+        desc (str | None): the bar's label; None: "epoch".
+        shuffle (bool): reshuffle ``DeviceData`` each pass (batches given as a list keep their
+            order).
+        sync_every (int): steps per run of ``train_steps`` on the device, between loss reads
+            (>= 1, default 100).
+        on_device (bool | None): None uploads a list of batches that fits; True requires it;
+            False never.
+
+    Returns:
+        history (History): losses per step and per epoch, throughput, and how the run ended.
+
+    Raises:
+        CompileError: the model has no optimizer and loss.
+        GraphError: a bad epochs, steps, on_non_finite, sync_every or on_device, a batch that
+            is not a (feeds, targets) pair of dicts, or an epoch without batches.
+        NonFiniteLoss: a step's loss is NaN or infinite (with ``on_non_finite="raise"``),
+            before that step's update; ``.history`` holds the run so far.
+        FeedError: a step's feeds or targets do not fit the model (as ``train_step``: nothing
+            of that step trained), ``on_device=True`` with batches that cannot be kept on the
+            device, or every rank given the same first batch.
+    """
     if "train_step" not in model.steps:
         raise CompileError(f"fit: model {model.graph.name!r} was compiled without an optimizer "
                            f"and a loss; compile it with optimizer=kn.SGD(...) or kn.Adam(...)")

@@ -77,24 +77,41 @@ class Node:
 
 
 class Value:
-    """What op functions take and return: a handle on a node's output."""
+    """What op functions take and return: a handle on a node's output.
+
+    Attributes:
+        shape (tuple[int, ...]): the per-sample shape (no batch axis).
+        name (str): the name of the node whose output this is.
+        graph (Graph): the graph the value belongs to.
+        size (int): the per-sample element count (the product of ``shape``).
+        node (Node): the node itself.
+    """
 
     __slots__ = ("node",)
 
     def __init__(self, node):
         self.node = node
 
-    shape = property(lambda self: self.node.shape)
-    name = property(lambda self: self.node.name)
-    graph = property(lambda self: self.node.graph)
-    size = property(lambda self: self.node.size)
+    shape = property(lambda self: self.node.shape, doc="The per-sample shape (no batch axis).")
+    name = property(lambda self: self.node.name, doc="The name of the node whose output this is.")
+    graph = property(lambda self: self.node.graph, doc="The ``Graph`` the value belongs to.")
+    size = property(lambda self: self.node.size, doc="The per-sample element count.")
 
     def __repr__(self):
         return f"Value({self.name}, shape={self.shape})"
 
 
 class Graph:
-    """A dataflow graph: ``input``s, op nodes added by the op functions, and named ``output``s."""
+    """A dataflow graph: ``input``s, op nodes added by the op functions, and named ``output``s.
+
+    ``kn.Graph(name="graph")``: a non-empty string (a GraphError otherwise); it names the model.
+
+    Attributes:
+        name (str): the graph's name.
+        nodes (list[Node]): every node in the order added (inputs included).
+        inputs (dict[str, Node]): the input nodes by name.
+        outputs (dict[str, Node]): the output nodes by output name.
+    """
 
     def __init__(self, name="graph"):
         if not isinstance(name, str) or not name:
@@ -124,6 +141,20 @@ class Graph:
                              f"change; add to the graph it was compiled from and compile again")
 
     def input(self, name, shape):
+        """Declare a graph input: what ``model.forward`` and friends are fed under ``name``.
+
+        Args:
+            name (str): an ASCII identifier, unique in the graph (also the node's name).
+            shape (tuple[int, ...] | int): the per-sample shape, positive ints (the batch is
+                ``kn.compile``'s); an int is a 1-D shape.
+
+        Returns:
+            value (Value): the input's value, for the op functions.
+
+        Raises:
+            GraphError: a bad or already used name, or the graph belongs to a compiled model.
+            ShapeError: shape is not a non-empty tuple of positive ints.
+        """
         self._check_open(f"input {name!r}")
         if not _is_name(name):
             raise GraphError(f"input name must be an ASCII identifier, got {name!r}")
@@ -133,6 +164,19 @@ class Graph:
         return value
 
     def output(self, name, value):
+        """Mark ``value`` as the output ``name``: what ``forward`` returns and a loss is on.
+
+        Args:
+            name (str): an ASCII identifier, not already an output (may differ from the node's).
+            value (Value): a value of this graph (one value may be several outputs).
+
+        Returns:
+            value (Value): ``value`` itself.
+
+        Raises:
+            GraphError: a bad or already marked name, a value of another graph or not a value,
+                or the graph belongs to a compiled model.
+        """
         self._check_open(f"output {name!r}")
         if not _is_name(name):
             raise GraphError(f"output name must be an ASCII identifier, got {name!r}")
@@ -153,6 +197,8 @@ class Graph:
         return [n for n in self.nodes if n.name not in live and n.op != "input"]
 
     def node(self, name):
+        """The node called ``name`` (its full name, ``<block>.<node>`` inside a block); a
+        GraphError when there is none."""
         try:
             return self._by_name[name]
         except KeyError:

@@ -46,6 +46,8 @@ class Optimizer:
         object.__setattr__(self, "_compiled", owner)
 
     def config(self):
+        """The settings as a dict ({"lr": …, "momentum": …} or Adam's lr, b1, b2, eps), as a
+        checkpoint stores them."""
         return {k: getattr(self, k) for k in self.keys}
 
     def scalars(self, step):
@@ -82,7 +84,19 @@ class Optimizer:
 
 
 class SGD(Optimizer):
-    """w ← w − lr·v, v ← momentum·v + g (PyTorch's placement of the learning rate)."""
+    """w ← w − lr·v, v ← momentum·v + g (PyTorch's placement of the learning rate).
+
+    Plain descent on the loss's gradient: no weight or gradient clamps, no decay (the articles'
+    updates add Δ computed from target − output and clamp weights to ±MAX_WEIGHT).
+
+    Args:
+        lr (float): the learning rate, a finite number >= 0 (default 0.01); a compiled model's
+            ``model.optimizer.lr`` may be changed between steps.
+        momentum (float): in [0, 1) (default 0: plain SGD); fixed once compiled.
+
+    Raises:
+        GraphError: a setting out of its range, or a fixed one set on a compiled model's copy.
+    """
     kind, moments, keys = "sgd", 1, ("lr", "momentum")
     RANGES = {"lr": (0, math.inf, False, False), "momentum": (0, 1, False, True)}
 
@@ -90,11 +104,29 @@ class SGD(Optimizer):
         self.lr, self.momentum = lr, momentum
 
     def scalars(self, step):
+        """The per-step values for update number ``step``: [lr, 0, 0]."""
         return [self.lr, 0.0, 0.0]
 
 
 class Adam(Optimizer):
-    """Adam with bias correction, as torch.optim.Adam: w ← w − lr·m̂/(√v̂ + eps)."""
+    """Adam with bias correction, as torch.optim.Adam: w ← w − lr·m̂/(√v̂ + eps).
+
+    At step t: m ← b1·m + (1 − b1)·g, v ← b2·v + (1 − b2)·g², m̂ = m/(1 − b1ᵗ),
+    v̂ = v/(1 − b2ᵗ).
+    No clamps or decay: the articles' dense Adam subtracts L1/L2 decay terms and clamps each
+    weight to ±MAX_WEIGHT; their batch norm's Adam has no bias correction and puts eps inside the
+    root (m/√(v + 1e-8)).
+
+    Args:
+        lr (float): the learning rate, a finite number >= 0 (default 1e-3); a compiled model's
+            ``model.optimizer.lr`` may be changed between steps.
+        b1 (float): the first moment's decay, in [0, 1) (default 0.9).
+        b2 (float): the second moment's decay, in [0, 1) (default 0.999).
+        eps (float): a finite number > 0 added to √v̂ (default 1e-8).
+
+    Raises:
+        GraphError: a setting out of its range, or a fixed one set on a compiled model's copy.
+    """
     kind, moments, keys = "adam", 2, ("lr", "b1", "b2", "eps")
     RANGES = {"lr": (0, math.inf, False, False), "b1": (0, 1, False, True),
               "b2": (0, 1, False, True), "eps": (0, math.inf, True, False)}
@@ -103,6 +135,8 @@ class Adam(Optimizer):
         self.lr, self.b1, self.b2, self.eps = lr, b1, b2, eps
 
     def scalars(self, step):
+        """The per-step values for update number ``step`` (1-based): [lr, 1 − b1^step,
+        1 − b2^step], the bias corrections."""
         return [self.lr, 1.0 - self.b1 ** step, 1.0 - self.b2 ** step]
 
 

@@ -1,4 +1,26 @@
-"""activation: y = act(x) elementwise, with act and act' printed from sympy."""
+"""activation: y = act(x) elementwise, with act and act' printed from sympy.
+
+Any per-sample shape -> the same shape; no parameters. The kinds (``kilnet.ACTIVATIONS``,
+kilnet/policy/symbolic.py), each also the ``activation=`` of dense, conv1d, multi_window_conv
+and batchnorm:
+
+- ``none``: x; ``tanh``; ``sigmoid``: 1/(1 + e^−x); ``relu``: max(x, 0);
+  ``leaky_relu``: x for x > 0, else 0.01·x;
+- ``softplus``: log(1 + eˣ), computed without overflow (x + log1p(e^−x) for x > 0);
+- ``gelu``: the exact erf form x/2·(1 + erf(x/√2)); ``silu``: x·σ(x);
+  ``elu``: x for x > 0, else eˣ − 1.
+
+Backward: dx = dy·act'(x), act' being sympy's derivative of the same expression. dense and
+conv1d read act' off their output y where it can be (tanh: 1 − y², sigmoid: y(1 − y), relu,
+leaky_relu) and otherwise from the pre-activation they keep in training.
+
+Departures from the articles (docs/ARTICLES.md §1 Activations, §2 bugs 3-4): their forward
+clamps the argument to ±20 (so their SoftPlus returns 1, not x, for x ≥ 20) and their GELU is
+x·σ(1.702x); their derivatives are heuristics of the output y (a clamp trick for tanh and
+sigmoid, σ(y) for SoftPlus, σ(5y) below 0.9 for GELU), and V1 clips every backpropagated
+value to ±MAX_GRAD = 1e-3. Here the functions are as above, with no clamp, and their true
+derivatives.
+"""
 import math
 
 import numpy as np
@@ -10,7 +32,22 @@ from ..policy import symbolic
 
 
 def activation(x, kind, name=None):
-    """Apply an activation: none, tanh, sigmoid, relu, leaky_relu, softplus, gelu, silu, elu."""
+    """Apply an activation: none, tanh, sigmoid, relu, leaky_relu, softplus, gelu, silu, elu.
+
+    Args:
+        x (Value): the input, any per-sample shape.
+        kind (str | None): one of ``kilnet.ACTIVATIONS`` ("none", "tanh", "sigmoid", "relu",
+            "leaky_relu", "softplus", "gelu", "silu", "elu"); None means "none".
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``activation_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): ``act(x)`` elementwise, of x's shape.
+
+    Raises:
+        GraphError: ``kind`` is not a known activation, or ``x`` is not a graph value, or
+            ``name`` is not an ASCII identifier or is already used.
+    """
     return graph_of(x, "activation").add("activation", [x], {"kind": kind}, name)
 
 

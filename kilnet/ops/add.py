@@ -1,4 +1,5 @@
 """add(*xs): y = x_0 + x_1 + … elementwise, every input of one shape (the output's).
+Any number of inputs (at least one), any per-sample shape; no parameters.
 
 Gradients: ∂L/∂x_i = dy for every input i. A value passed more than once gets dy once per time
 it is passed (add(x, x): 2·dy), as every gradient of a value read twice is summed. One map
@@ -12,7 +13,21 @@ from ..policy import symbolic
 
 
 def add(*xs, name=None):
-    """x_0 + x_1 + … elementwise; every input of one shape."""
+    """x_0 + x_1 + … elementwise; every input of one shape.
+
+    Args:
+        *xs (Value): one or more values of one graph, all of one shape (a value may repeat).
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``add_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): the sum, of the inputs' shape.
+
+    Raises:
+        GraphError: no inputs, an input that is not a value of this graph, or ``name`` is not an
+            ASCII identifier or is already used.
+        ShapeError: two inputs have different shapes.
+    """
     if not xs:
         raise GraphError("add: needs at least one input")
     return graph_of(xs[0], "add").add("add", list(xs), {}, name)

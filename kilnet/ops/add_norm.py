@@ -1,5 +1,8 @@
 """add_norm: z = a + b normalised over the last axis (biased variance, eps 1e-5, no affine).
 
+a and b of one shape (…, D) -> that shape; no parameters. Per row of D values:
+y = (z − mean(z))/√(var(z) + 1e-5), var the biased variance.
+
 The articles' SumAndNormilize averages a and b (m = 0.5) and skips the normalisation's Jacobian
 in backward; here the sum is plain and the backward pass is the true derivative:
 dz = inv/D·(D·g − Σg − ẑ·Σ(g·ẑ)), and da = db = dz. The row kernel (`row_launch`) is layer_norm's
@@ -13,7 +16,22 @@ EPS = 1e-5
 
 
 def add_norm(a, b, name=None):
-    """(a + b) normalised over the last axis."""
+    """(a + b) normalised over the last axis.
+
+    Args:
+        a (Value): the first summand, any per-sample shape.
+        b (Value): the second, of a's shape.
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``add_norm_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): ((a + b) − mean)/√(var + 1e-5) over the last axis, of a's shape.
+
+    Raises:
+        GraphError: ``a`` or ``b`` is not a value of one graph, or ``name`` is not an ASCII
+            identifier or is already used.
+        ShapeError: ``a`` and ``b`` have different shapes.
+    """
     return graph_of(a, "add_norm").add("add_norm", [a, b], {}, name)
 
 

@@ -32,6 +32,7 @@ Backward is the true derivative of the whole chain within the batch: each sample
 depends on its own x and, through μ and σ², on every earlier sample of the batch. Walking the
 batch backwards with the adjoints μ̄, σ̄² of the statistics (a = (B−1)/B, c = 1/B,
 s = (σ² + eps)^{-1/2}, e = dy·act'(·)·γ):
+
     σ̄²_b = a·σ̄²_{b+1} − ½·e_b·δ_b·s_b³,   δ̄_b = e_b·s_b + 2c·δ_b·σ̄²_b,
     μ̄_b = a·μ̄_{b+1} − δ̄_b,               dx_b = δ̄_b + c·μ̄_b.
 For one sample this is ((B−1)/B)·s·(1 − δ²s²/B)·e, the corrected formula of docs/ARTICLES.md §2
@@ -91,7 +92,34 @@ def batchnorm(x, momentum=0.1, eps=1e-5, activation=None, streaming=None, sync=F
     of the sample, so the parameters and running statistics have the sample's shape.
     ``"channel"``: every channel of the last axis, normalised over the batch and every other
     axis (PyTorch's ``BatchNorm1d`` on channels); the parameters and running statistics have
-    shape (C,). Minibatch mode only."""
+    shape (C,). Minibatch mode only.
+
+    Args:
+        x (Value): the input, any per-sample shape; (..., C) with ``per="channel"``.
+        momentum (float): in [0, 1]: running_mean ← (1 − momentum)·running_mean +
+            momentum·mean after each ``train_step`` (minibatch modes; unused by ``streaming``).
+        eps (float): > 0 and finite, added to the variance before the square root.
+        activation (str | None): one of ``kilnet.ACTIVATIONS`` ("none", "tanh", "sigmoid",
+            "relu", "leaky_relu", "softplus", "gelu", "silu", "elu"); None means "none".
+        streaming (int | None): None (the default) for the minibatch batch norm; an int
+            B >= 1 for the articles' per-sample exponential window of B samples.
+        sync (bool): in data-parallel training (``kn.compile(..., comm=...)``), statistics over
+            every rank's batch. Not with ``streaming``.
+        per (str): ``"element"`` (default) or ``"channel"`` (not with ``streaming``).
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``batchnorm_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): the normalised input, of x's shape.
+
+    Raises:
+        GraphError: momentum not in [0, 1], eps not a finite number > 0, an unknown activation,
+            streaming not an int >= 1, sync not a bool, sync=True with streaming, per not
+            "element" or "channel", per="channel" with streaming, or ``x`` is not a graph value,
+            or ``name`` is not an ASCII identifier or is already used. ``kn.compile``
+            raises GraphError too when a minibatch mode trains on a single value per
+            statistic (batch 1, and one position per channel).
+    """
     attrs = {"momentum": momentum, "eps": eps, "activation": activation}
     if streaming is not None:      # the minibatch mode's attributes stay exactly as they were
         attrs["streaming"] = streaming

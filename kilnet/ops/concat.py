@@ -1,11 +1,34 @@
-"""concat: join values along the last axis; the leading axes must agree."""
+"""concat: join values along the last axis; the leading axes must agree.
+
+(…, C_1), (…, C_2), … -> (…, C_1 + C_2 + …): input i fills the columns from
+C_1 + … + C_{i−1} on, in argument order; any number of inputs, any rank. No parameters.
+Backward: each input's gradient is its slice of dy (one copy launch per input that wants one).
+
+Departure from the articles: their Concat/DeConcat kernels (17/18, docs/ARTICLES.md §1) join
+at most 4 inputs (output row n = [in1 row n | in2 row n | …]); here any number.
+"""
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, kernel, need, out, register
 
 
 
 def concat(*xs, name=None):
-    """(…, C1), (…, C2), … -> (…, C1 + C2 + …)."""
+    """(…, C1), (…, C2), … -> (…, C1 + C2 + …).
+
+    Args:
+        *xs (Value): one or more values of one graph whose shapes differ at most in the last
+            axis (any number of inputs).
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``concat_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): the inputs side by side along the last axis, in argument order.
+
+    Raises:
+        GraphError: no inputs, an input that is not a value of this graph, or ``name`` is not an
+            ASCII identifier or is already used.
+        ShapeError: an input's rank or leading axes differ from the first input's.
+    """
     if not xs:
         raise GraphError("concat: needs at least one input")
     return graph_of(xs[0], "concat").add("concat", list(xs), {}, name)

@@ -1,14 +1,25 @@
 """conv1d: a window over units, all channels; weight (filters, window, channels), bias (filters,).
 
-out[u, f] = act(b[f] + Σ_k Σ_c W[f, k, c]·x[u·step + k, c]), no padding. Because the (k, c)
-taps of one output are contiguous in x, the forward pass is a GEMM whose rows overlap (an implicit
-im2col with row stride step·C); both gradients are GEMMs too (on CPUs the input gradient's is a
-plain product followed by a gather over taps: templates/conv1d_gather.cl.j2).
+(U, C) -> (U', F), U' = ⌊(U − window)/step⌋ + 1, F = filters:
+out[u, f] = act(b[f] + Σ_k Σ_c W[f, k, c]·x[u·step + k, c]), no padding. Parameters
+``<name>.weight`` (filters, window, C) and ``<name>.bias`` (filters,), uniform in ±1/√(window·C)
+(PyTorch's Conv1d init). Backward: dz = dy·act'; dW[f, k, c] = Σ dz[u, f]·x[u·step + k, c] and
+db = Σ dz over the batch and positions; dx gathers dz·W over every window that read x.
+
+Because the (k, c) taps of one output are contiguous in x, the forward pass is a GEMM whose
+rows overlap (an implicit im2col with row stride step·C); both gradients are GEMMs too (on CPUs
+the input gradient's is a plain product followed by a gather over taps:
+templates/conv1d_gather.cl.j2).
 
 ONNX (``onnx``): the same implicit im2col spelled out, Gather of the U' windows of W units along
 the unit axis, (N, U', W, C) -> (N·U', W·C), one Gemm with the weight as (F, W·C) and the bias,
 back to (N, U', F), then the activation. Gather/Reshape/Gemm run in float32 and float64 alike
 (ONNX Runtime's Conv is float32 only), and the layout needs no Transpose.
+
+Departures from the articles (docs/ARTICLES.md §1 Conv, §2 bug 10): their weights are
+`[var][filter][win+1]` with the bias last in each row; here one weight over all channels and a
+separate bias, as PyTorch lays them out. The gradients are exact: V1's input gradient (start
+computed from itself, stop one step too far) and its Adam offsets are not reproduced.
 """
 import numpy as np
 import sympy as sp
@@ -22,7 +33,26 @@ from .activation import scale_by_derivative
 
 
 def conv1d(x, filters, window, step=1, activation=None, name=None):
-    """(U, C) -> (⌊(U − window)/step⌋ + 1, filters)."""
+    """(U, C) -> (⌊(U − window)/step⌋ + 1, filters).
+
+    Args:
+        x (Value): the input, (units U, channels C) per sample.
+        filters (int): output channels F, >= 1.
+        window (int): units per window, 1 <= window <= U; each window reads all C channels.
+        step (int): units between window starts, >= 1 (default 1). No padding.
+        activation (str | None): one of ``kilnet.ACTIVATIONS`` ("none", "tanh", "sigmoid",
+            "relu", "leaky_relu", "softplus", "gelu", "silu", "elu"); None means "none".
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``conv1d_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (⌊(U − window)/step⌋ + 1, filters) per sample.
+
+    Raises:
+        GraphError: filters, window or step not an int >= 1, an unknown activation, or ``x`` is
+            not a graph value, or ``name`` is not an ASCII identifier or is already used.
+        ShapeError: x is not (units, channels), or window is longer than U.
+    """
     return graph_of(x, "conv1d").add("conv1d", [x], {"filters": filters, "window": window,
                                                      "step": step, "activation": activation}, name)
 

@@ -1,4 +1,17 @@
-"""dense: y = act(W·flatten(x) + b); weight (units, in), bias (units,) as in torch.nn.Linear."""
+"""dense: y = act(W·flatten(x) + b); weight (units, in), bias (units,) as in torch.nn.Linear.
+
+Any per-sample shape, flattened to its ``in`` values in C order -> (units,). Parameters
+``<name>.weight`` (units, in) and, with ``bias=True``, ``<name>.bias`` (units,), both uniform in
+±1/√in (PyTorch's init). Backward: dz = dy·act'; dW = Σ over the batch of dz·xᵀ, db = Σ dz,
+dx = Wᵀ·dz (reshaped to x's shape). Forward is a GEMM with the bias and activation in its
+epilogue.
+
+Departures from the articles (docs/ARTICLES.md §1 Dense): their weights live in the source
+layer, (N_prev + 1) × N_next with the bias last in each row, start at U(±1/√(N+1))·0.5, and
+are updated by adding Δ of target − output with L1/L2 terms and a ±MAX_WEIGHT clamp (V1:
+1e-3). Here weight and bias are separate arrays of PyTorch's layout and init, and the
+optimizer (``kn.SGD``, ``kn.Adam``) descends the loss's exact gradient, unclamped.
+"""
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, OuterGradient, Param, int_attr, keeps_preactivation, need, register
 from ..kernels.gemm import linear, linear_backward
@@ -7,7 +20,24 @@ from .activation import scale_by_derivative
 
 
 def dense(x, units, activation=None, bias=True, name=None):
-    """Fully connected layer over the flattened sample: (any) -> (units,)."""
+    """Fully connected layer over the flattened sample: (any) -> (units,).
+
+    Args:
+        x (Value): the input, any per-sample shape (flattened in C order).
+        units (int): output width, >= 1.
+        activation (str | None): one of ``kilnet.ACTIVATIONS`` ("none", "tanh", "sigmoid",
+            "relu", "leaky_relu", "softplus", "gelu", "silu", "elu"); None means "none".
+        bias (bool): whether to learn ``<name>.bias`` (units,) (default True).
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``dense_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (units,) per sample.
+
+    Raises:
+        GraphError: units not an int >= 1, an unknown activation, bias not a bool, or ``x`` is
+            not a graph value, or ``name`` is not an ASCII identifier or is already used.
+    """
     return graph_of(x, "dense").add("dense", [x], {"units": units, "activation": activation,
                                                    "bias": bias}, name)
 

@@ -19,6 +19,9 @@ words again, dx = dy·keep/(1 − p).
 - So the plan kernel, separate launches, ``train_steps`` on device data, a bundle's C runner
   and the MQL5 include give the same masks, bit for bit.
 - p = 0 is the identity in both modes (no generator runs). ONNX: the identity (inference).
+
+Any per-sample shape -> the same shape; no parameters. This is PyTorch's inverted dropout
+(docs/DESIGN.md §2), not the articles' Dropout kernel (23, docs/ARTICLES.md §5).
 """
 import numbers
 
@@ -32,7 +35,22 @@ from .activation import elementwise
 
 def dropout(x, p, name=None):
     """Zero each element with probability ``p`` in training (scaling the rest by 1/(1 − p));
-    the identity in inference. 0 <= p < 1."""
+    the identity in inference. 0 <= p < 1.
+
+    Args:
+        x (Value): the input, any per-sample shape.
+        p (float): the probability of zeroing an element, a real number with 0 <= p < 1 (0: the
+            identity).
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``dropout_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): of x's shape.
+
+    Raises:
+        GraphError: p is not a number with 0 <= p < 1, or ``x`` is not a graph value, or
+            ``name`` is not an ASCII identifier or is already used.
+    """
     return graph_of(x, "dropout").add("dropout", [x], {"p": p}, name)
 
 

@@ -20,6 +20,9 @@ so vocab is limited to that there.
 ONNX (``onnx``): Cast the ids to int64 (truncation, as the kernels' (int)), then Gather the
 table's rows (axis 0); a bad id there is the runtime's error, or for a negative one a row from
 the end (Gather's convention), where the kernels give zeros.
+
+It follows PyTorch's ``nn.Embedding`` (docs/DESIGN.md §2), not the articles' Embedding layer
+(docs/ARTICLES.md §5).
 """
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, Param, int_attr, kernel, need, out, register
@@ -28,7 +31,25 @@ FLOAT_IDS = 2 ** 24             # the integers float32 holds exactly
 
 
 def embedding(ids, vocab, width, name=None):
-    """(U,) integer ids in [0, vocab) -> (U, width): each position's row of a learned table."""
+    """(U,) integer ids in [0, vocab) -> (U, width): each position's row of a learned table.
+
+    Args:
+        ids (Value): a graph input (``g.input``) of shape (U,) whose feeds hold integers in
+            [0, vocab) (as reals).
+        vocab (int): rows of the table, >= 1 (at most 2^24 in float32).
+        width (int): columns of the table (the output's last axis), >= 1.
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``embedding_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (U, width) per sample.
+
+    Raises:
+        GraphError: vocab or width not an int >= 1, ids not a graph input, or ``name`` is not
+            an ASCII identifier or is already used; at ``kn.compile``, vocab > 2^24 in float32.
+        ShapeError: ids is not (units,).
+        FeedError: (when fed) an id that is not an integer in [0, vocab).
+    """
     return graph_of(ids, "embedding").add("embedding", [ids], {"vocab": vocab, "width": width},
                                           name)
 

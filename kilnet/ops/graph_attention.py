@@ -1,4 +1,5 @@
-"""graph_attention: multi-head attention over the units of a sample, split by a graph.
+"""graph_attention: multi-head attention over the units of a sample, split by a graph:
+(U, W) -> (U, W).
 
 Per head h (docs/DESIGN.md §2): Q = x·W_qᵀ + b_q, K and V likewise (key_dim columns each);
 S = Q·Kᵀ/√key_dim. The connected set of query q is its adjacent keys and q itself, the
@@ -10,7 +11,7 @@ back to width W: y = O·W_outᵀ + b_out.
 
 Parameters: ``q.weight``, ``k.weight``, ``v.weight`` (heads·key_dim, W) and their ``*.bias``
 (heads·key_dim,); ``out.weight`` (W, 2·heads·key_dim), ``out.bias`` (W,).
-``adjacency``: a (U, U) array of bools or 0/1 ints (numpy or nested lists; adjacency[q][k]
+``adjacency``: a (U, U) array of bools or 0/1 ints (numpy or nested lists; `adjacency[q][k]`
 puts key k in query q's connected set; it need not be symmetric); default the chain
 |q − k| = 1. It is stored in the node's attributes as ``{"units": U, "edges": [[q, k], ...]}``
 (diagonal entries dropped) and baked into the kernel as a constant bit mask of U·⌈U/32⌉ words,
@@ -84,7 +85,27 @@ MAX_MASK_WORDS = 16384     # a user adjacency is a __constant bit mask: at most 
 
 
 def graph_attention(x, heads, key_dim, adjacency=None, name=None):
-    """(U, W) -> (U, W): attention split into connected and not-connected keys per head."""
+    """(U, W) -> (U, W): attention split into connected and not-connected keys per head.
+
+    Args:
+        x (Value): the input, (units U, width W) per sample.
+        heads (int): attention heads, >= 1.
+        key_dim (int): columns of Q, K and V per head, >= 1.
+        adjacency (ArrayLike | None): a (U, U) array of bools or 0/1 ints, `adjacency[q][k]`
+            putting key k in query q's connected set (need not be symmetric; the diagonal is
+            ignored); None (default): the chain |q − k| = 1. At most 712 units.
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``graph_attention_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (U, W) per sample.
+
+    Raises:
+        GraphError: heads or key_dim not an int >= 1, or ``x`` is not a graph value, or ``name``
+            is not an ASCII identifier or is already used.
+        ShapeError: x is not (units, width), or adjacency is not a (U, U) array of bools or
+            0/1 ints, or too large for the kernel's constant bit mask.
+    """
     return graph_of(x, "graph_attention").add(
         "graph_attention", [x], {"heads": heads, "key_dim": key_dim, "adjacency": adjacency}, name)
 

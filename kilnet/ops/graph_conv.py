@@ -1,5 +1,7 @@
 """graph_conv: the gated per-unit map of the GTE block, y = σ(W_f·x + b_f) ⊙ leaky_relu(W_s·x + b_s).
 
+(U, W) -> (U, width), each unit's W features mapped alone (the same weights for every unit).
+
 Parameters (PyTorch Linear layouts, one pair per branch): ``filter.weight`` (width, W) and
 ``filter.bias`` (width,) for the sigmoid gate, ``state.weight`` (width, W) and ``state.bias``
 (width,) for the leaky-ReLU branch (slope 0.01).
@@ -24,7 +26,22 @@ from .activation import vector_map
 
 
 def graph_conv(x, width, name=None):
-    """(U, W) -> (U, width): per unit σ(W_f·x + b_f) ⊙ leaky_relu(W_s·x + b_s)."""
+    """(U, W) -> (U, width): per unit σ(W_f·x + b_f) ⊙ leaky_relu(W_s·x + b_s).
+
+    Args:
+        x (Value): the input, (units U, features W) per sample.
+        width (int): output features per unit, >= 1.
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``graph_conv_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (U, width) per sample.
+
+    Raises:
+        GraphError: width not an int >= 1, or ``x`` is not a graph value, or ``name`` is not an
+            ASCII identifier or is already used.
+        ShapeError: x is not (units, width).
+    """
     return graph_of(x, "graph_conv").add("graph_conv", [x], {"width": width}, name)
 
 

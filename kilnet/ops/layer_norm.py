@@ -1,6 +1,6 @@
 """layer_norm: y = ẑ·gamma + beta, ẑ = (x − mean)/√(var + eps) over the last axis of D values
 (biased variance), PyTorch's ``nn.LayerNorm(D)``. Parameters ``gamma`` (ones) and ``beta``
-(zeros), of shape (D,).
+(zeros), of shape (D,). Any per-sample shape (…, D) -> the same shape.
 
 It is add_norm's row normalisation (templates/add_norm.cl.j2, one input) with an affine. With
 g = dy·gamma, the input gradient is add_norm's: dx = inv/D·(D·g − Σg − ẑ·Σ(g·ẑ)), the sums over
@@ -22,7 +22,22 @@ from .add_norm import normalised_onnx, row_launch
 
 def layer_norm(x, eps=1e-5, name=None):
     """Normalise over the last axis, then a learned scale ``gamma`` and shift ``beta`` of the
-    last axis's size."""
+    last axis's size.
+
+    Args:
+        x (Value): the input, any per-sample shape of at least one axis.
+        eps (float): a finite number > 0 added to the variance (default 1e-5).
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``layer_norm_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): of x's shape.
+
+    Raises:
+        GraphError: eps is not a finite number > 0, or ``x`` is not a graph value, or ``name``
+            is not an ASCII identifier or is already used.
+        ShapeError: x has no axis.
+    """
     return graph_of(x, "layer_norm").add("layer_norm", [x], {"eps": eps}, name)
 
 

@@ -27,6 +27,9 @@ next step's inputs while this step's product runs.
 ONNX: the same maths in plain operators, unrolled over T (Gemm of the input part, then per step
 MatMul by W_hhᵀ, Sigmoid/Tanh, Mul/Add), which every runtime runs; ONNX's own LSTM operator
 orders its gates i, o, f, c and is not used.
+
+It follows PyTorch's ``nn.LSTM`` (docs/DESIGN.md §2), not the articles' LSTM kernels (32-35,
+docs/ARTICLES.md §5).
 """
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, Param, int_attr, need, out, register, kernel
@@ -39,7 +42,25 @@ from ..policy.schedule import RECURRENCE_CACHE
 
 def lstm(x, hidden, sequences=True, name=None):
     """One LSTM layer (nn.LSTM's maths and parameters) over the rows of x: (T, C) -> (T, hidden),
-    or (hidden,), the last step's h, with ``sequences=False``."""
+    or (hidden,), the last step's h, with ``sequences=False``.
+
+    Args:
+        x (Value): the input, (steps T, channels C) per sample.
+        hidden (int): the size of h and c, >= 1; at most 1638 in float32 (819 in float64), so
+            that a sample's h and gates fit a work-group's local memory.
+        sequences (bool): True (default): every step's h, (T, hidden); False: the last step's.
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``lstm_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (T, hidden), or (hidden,) with ``sequences=False``.
+
+    Raises:
+        GraphError: hidden not an int >= 1 or too large for local memory (float64's bound is
+            checked at ``kn.compile``), sequences not a bool, or ``x`` is not a graph value, or
+            ``name`` is not an ASCII identifier or is already used.
+        ShapeError: x is not (steps, channels).
+    """
     return graph_of(x, "lstm").add("lstm", [x], {"hidden": hidden, "sequences": sequences}, name)
 
 

@@ -1,4 +1,5 @@
-"""mul(a, b): y = a·b elementwise, a and b of one shape (the output's).
+"""mul(a, b): y = a·b elementwise, a and b of one shape (the output's), any per-sample
+shape; no parameters.
 
 Gradients: ∂L/∂a = dy·b and ∂L/∂b = dy·a; mul(x, x) gets both, dy·x + dy·x = 2·x·dy. One map
 launch forward and one backward, which writes (or adds to) every wanted input gradient.
@@ -11,7 +12,22 @@ from .add import gradient_stores, map_stores, same_shapes
 
 
 def mul(a, b, name=None):
-    """a·b elementwise; a and b of one shape."""
+    """a·b elementwise; a and b of one shape.
+
+    Args:
+        a (Value): the first factor, any per-sample shape.
+        b (Value): the second, of a's shape (may be a itself).
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``mul_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): the product, of a's shape.
+
+    Raises:
+        GraphError: ``a`` or ``b`` is not a value of one graph, or ``name`` is not an ASCII
+            identifier or is already used.
+        ShapeError: a and b have different shapes.
+    """
     return graph_of(a, "mul").add("mul", [a, b], {}, name)
 
 

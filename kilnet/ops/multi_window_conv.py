@@ -9,7 +9,9 @@ and taps outside [0, T) read zero. Output (V, P, len(windows)·filters):
 Parameters per window i: ``weight.i`` (filters, n_i) and ``bias.i`` (filters,), both uniform
 ±1/√n_i. The articles' MultWinConvWPad kernel starts each window one step further left
 (p·step − ⌊(n + 1)/2⌋, so odd windows sit left of centre) and its output index drops the window;
-neither is reproduced here.
+neither is reproduced here. Their default activation is SoftPlus; here it is none, as for
+every layer, and the parameters are the model's, updated by its optimizer (the articles' own
+Adam kernel picks the last matching window and clamps its moments: bug 12, not reproduced).
 
 Kernels (templates/mwconv*.cl.j2; window lengths, offsets and parameter pointers baked
 in as constants). Rows are (sample, variable) pairs.
@@ -50,7 +52,29 @@ CPU_CHUNK = 4         # positions (forward) or steps (input gradient) per CPU wo
 
 def multi_window_conv(x, windows, filters, step=1, activation=None, name=None):
     """(V, T) -> (V, ⌈T/step⌉, len(windows)·filters): one centred, zero-padded convolution per
-    window length in ``windows``, all giving the same positions."""
+    window length in ``windows``, all giving the same positions.
+
+    Args:
+        x (Value): the input, (variables V, steps T) per sample.
+        windows (list[int]): a non-empty list of window lengths, each an int with
+            1 <= n <= T.
+        filters (int): output channels per window F, >= 1.
+        step (int): steps between positions, >= 1 (default 1).
+        activation (str | None): one of ``kilnet.ACTIVATIONS`` ("none", "tanh", "sigmoid",
+            "relu", "leaky_relu", "softplus", "gelu", "silu", "elu"); None means "none".
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``multi_window_conv_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (V, ⌈T/step⌉, len(windows)·filters) per sample, window i's filters at
+            columns i·F … i·F + F − 1.
+
+    Raises:
+        GraphError: windows not a non-empty list of ints >= 1, filters or step not an int
+            >= 1, an unknown activation, or ``x`` is not a graph value, or ``name`` is not an
+            ASCII identifier or is already used.
+        ShapeError: x is not (variables, steps), or a window is longer than T.
+    """
     return graph_of(x, "multi_window_conv").add(
         "multi_window_conv", [x], {"windows": windows, "filters": filters, "step": step,
                                    "activation": activation}, name)

@@ -13,6 +13,9 @@ finds each window's first maximum again from the input, with the forward's own l
 ONNX (``onnx``): conv1d's Gather of the U' windows, (N, U', window, C), then ReduceMax or
 ReduceMean over the window axis: the forward value does not depend on which of tied units is
 the maximum, and Gather/Reduce run in float32 and float64 alike.
+
+It follows PyTorch's ``max_pool1d``/``avg_pool1d`` (docs/DESIGN.md §2), not the articles'
+pooling ("Proof") kernels 5-6 (docs/ARTICLES.md §5).
 """
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, int_attr, kernel, need, out, register
@@ -23,7 +26,24 @@ KINDS = ("max", "avg")
 
 def pool1d(x, window, step=None, kind="max", name=None):
     """(U, C) -> (⌊(U − window)/step⌋ + 1, C): the max or mean ("max", "avg") of each window of
-    units, per channel; ``step`` defaults to ``window``."""
+    units, per channel; ``step`` defaults to ``window``.
+
+    Args:
+        x (Value): the input, (units U, channels C) per sample.
+        window (int): units per window, 1 <= window <= U.
+        step (int | None): units between window starts, >= 1; None (default): ``window``.
+        kind (str): "max" (default) or "avg".
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``pool1d_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (⌊(U − window)/step⌋ + 1, C) per sample.
+
+    Raises:
+        GraphError: kind not "max" or "avg", window or step not an int >= 1, or ``x`` is not a
+            graph value, or ``name`` is not an ASCII identifier or is already used.
+        ShapeError: x is not (units, channels), or window is longer than U.
+    """
     return graph_of(x, "pool1d").add("pool1d", [x], {"window": window, "step": step,
                                                      "kind": kind}, name)
 

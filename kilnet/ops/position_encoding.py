@@ -17,6 +17,9 @@ Gradient of x: dy (a copy, or added to where x has other consumers).
 
 ONNX: Add with PE as a constant initializer (learnable=False; the same long double table,
 rounded to the dtype) or with the parameter.
+
+The code is docs/DESIGN.md's formula above, not the articles' PositionEncoder layers
+(docs/ARTICLES.md §5).
 """
 import numpy as np
 
@@ -28,7 +31,23 @@ from .add import map_stores
 
 def position_encoding(x, learnable=False, name=None):
     """(U, C) -> (U, C): x plus the sinusoidal position code, constant or (``learnable=True``)
-    a parameter ``pe`` (U, C) that starts as the code."""
+    a parameter ``pe`` (U, C) that starts as the code.
+
+    Args:
+        x (Value): the input, (units U, channels C) per sample.
+        learnable (bool): False (default): a constant code, no parameters; True: the code is
+            the parameter ``<name>.pe`` (U, C), trained.
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``position_encoding_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (U, C) per sample.
+
+    Raises:
+        GraphError: learnable is not a bool, or ``x`` is not a graph value, or ``name`` is not
+            an ASCII identifier or is already used.
+        ShapeError: x is not (units, channels).
+    """
     return graph_of(x, "position_encoding").add("position_encoding", [x],
                                                 {"learnable": learnable}, name)
 

@@ -1,4 +1,6 @@
-"""self_attention: multi-head scaled dot-product attention over the units of a sample.
+"""self_attention: multi-head scaled dot-product attention over the units of a sample:
+(U, W) -> (U, W). It follows docs/DESIGN.md §2 (PyTorch's semantics), not the articles'
+attention kernels (docs/ARTICLES.md §5; their GTE attention's bugs: see graph_attention).
 
 Per head h (docs/DESIGN.md §2): Q = x·W_qᵀ + b_q, K and V likewise (heads·key_dim columns,
 head h's block of key_dim); S = Q_h·K_hᵀ/√key_dim; A = softmax over the keys of each row of S,
@@ -33,7 +35,24 @@ from .graph_attention import GraphAttention
 
 
 def self_attention(x, heads, key_dim, causal=False, name=None):
-    """(U, W) -> (U, W): multi-head scaled dot-product attention over units, projected back to W."""
+    """(U, W) -> (U, W): multi-head scaled dot-product attention over units, projected back to W.
+
+    Args:
+        x (Value): the input, (units U, width W) per sample.
+        heads (int): attention heads, >= 1.
+        key_dim (int): columns of Q, K and V per head, >= 1.
+        causal (bool): True: query q attends to keys 0 … q only (default False: every key).
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``self_attention_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (U, W) per sample.
+
+    Raises:
+        GraphError: heads or key_dim not an int >= 1, causal not a bool, or ``x`` is not a graph
+            value, or ``name`` is not an ASCII identifier or is already used.
+        ShapeError: x is not (units, width).
+    """
     return graph_of(x, "self_attention").add(
         "self_attention", [x], {"heads": heads, "key_dim": key_dim, "causal": causal}, name)
 

@@ -1,4 +1,12 @@
-"""input and reshape: nodes that move no data."""
+"""input and reshape: nodes that move no data.
+
+``reshape(x, shape)``: the same per-sample values, in C order, viewed with another shape of
+the same size (one -1 takes the size left over); the batch axis is not part of ``shape``. No
+kernel and no copy: the output is x's buffer, and its gradient is dy as it is. No parameters.
+
+``input``: the node of ``Graph.input(name, shape)``, a graph input that the model's calls feed
+under ``name``; it has no builder here.
+"""
 import math
 
 from ..graph import graph_of
@@ -6,7 +14,24 @@ from ..kernels.base import GraphError, Op, need, register
 
 
 def reshape(x, shape, name=None):
-    """A view with another per-sample shape of the same size (-1 allowed once). No kernel, no copy."""
+    """A view with another per-sample shape of the same size (-1 allowed once). No kernel, no copy.
+
+    Args:
+        x (Value): the input, any per-sample shape.
+        shape (tuple[int, ...] | list[int] | int): the new per-sample shape (without the batch):
+            positive ints and at most one -1, which takes the size left over.
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``reshape_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): the same values in C order, of the new shape.
+
+    Raises:
+        GraphError: shape is not an int, tuple or list, or ``x`` is not a graph value, or
+            ``name`` is not an ASCII identifier or is already used.
+        ShapeError: shape holds something other than positive ints and one -1, or its size is
+            not x's.
+    """
     g = graph_of(x, "reshape")
     if isinstance(shape, int):
         shape = (shape,)

@@ -1,18 +1,42 @@
 """softmax over each of ``heads`` contiguous segments of the flattened sample, and its fused
 cross-entropy loss.
 
+Any per-sample shape -> the same shape; no parameters. With N values in the sample and
+S = N/heads, segment h is values h·S … h·S + S − 1, and y_i = e^(x_i − m)/Σ_j e^(x_j − m) over
+its values, m their maximum. Backward: dx_i = y_i·(dy_i − Σ_j y_j·dy_j) per segment (the exact
+Jacobian). The ``cross_entropy`` loss (mean over the batch of −Σ t·log y, summed over heads)
+needs a softmax output.
+
 Each segment is reduced by one work-group in local memory, subtracting the maximum first (the
 articles' part-32 kernel does neither and double-counts at non-power-of-two sizes).
 Cross-entropy is computed from the softmax *input* as a log-softmax, and its gradient with respect
 to that input, (y·Σt − t)/B, is written directly: going through −t/y would divide by values that
-underflow to zero in float32.
+underflow to zero in float32. V1's floor of the inputs at −120 and its 1.2e-7 added to the
+sum (docs/ARTICLES.md §1 SoftMax) are not reproduced either.
 """
 from ..graph import graph_of
 from ..kernels.base import Op, int_attr, kernel, need, out, register
 
 
 def softmax(x, heads=1, name=None):
-    """Softmax over each head's contiguous segment of the flattened sample."""
+    """Softmax over each head's contiguous segment of the flattened sample.
+
+    Args:
+        x (Value): the input, any per-sample shape (N values when flattened).
+        heads (int): the number of segments, >= 1, dividing N (default 1: one softmax).
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``softmax_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): of x's shape; each segment of N/heads values sums to 1. A
+            ``cross_entropy`` loss on it (``kn.compile(loss={output: "cross_entropy"})``) is
+            fused with it.
+
+    Raises:
+        GraphError: heads not an int >= 1, or ``x`` is not a graph value, or ``name`` is not an
+            ASCII identifier or is already used.
+        ShapeError: heads does not divide the sample's size.
+    """
     return graph_of(x, "softmax").add("softmax", [x], {"heads": heads}, name)
 
 

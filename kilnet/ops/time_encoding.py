@@ -2,7 +2,7 @@
 
 x (U, C) and times (U,) -> (U, E), E = 2·freqs·len(periods). For unit u with timestamp t_u
 (seconds), period P_j and harmonic k = 1..freqs the features are sin(2πk·t_u/P_j) and
-cos(2πk·t_u/P_j), in the order [period][harmonic][sin, cos], so feature
+cos(2πk·t_u/P_j), in the order `[period][harmonic][sin, cos]`, so feature
 e = (j·freqs + k − 1)·2 + (0 for sin, 1 for cos); out[u] = W·x[u] + b + features.
 Parameters: ``weight`` (E, C) and ``bias`` (E,), as torch.nn.Linear over the channels.
 
@@ -34,7 +34,26 @@ from ..kernels.gemm import linear, linear_backward
 
 
 def time_encoding(x, times, periods, freqs, name=None):
-    """(U, C), (U,) -> (U, 2·freqs·len(periods)): W·x + b + sin/cos harmonics of ``times``."""
+    """(U, C), (U,) -> (U, 2·freqs·len(periods)): W·x + b + sin/cos harmonics of ``times``.
+
+    Args:
+        x (Value): the input, (units U, channels C) per sample.
+        times (Value): (U,) per sample: each unit's timestamp in seconds.
+        periods (list[float]): a non-empty list (or array) of positive finite periods P_j, in
+            seconds.
+        freqs (int): harmonics k = 1 … freqs per period, >= 1.
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``time_encoding_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (U, E) per sample, E = 2·freqs·len(periods).
+
+    Raises:
+        GraphError: periods not a non-empty list of positive numbers, freqs not an int >= 1,
+            or ``x`` is not a graph value, or ``name`` is not an ASCII identifier or is already
+            used.
+        ShapeError: x is not (units, channels), or times is not (U,).
+    """
     return graph_of(x, "time_encoding").add(
         "time_encoding", [x, times],
         {"periods": list(periods) if isinstance(periods, (list, tuple)) else periods,

@@ -1,4 +1,4 @@
-"""transpose(x): (A, B) -> (B, A), y[j, i] = x[i, j] per sample.
+"""transpose(x): (A, B) -> (B, A), y[j, i] = x[i, j] per sample. No parameters.
 
 Gradient: dx = dyᵀ, the same gather with the axes swapped. Each launch is a map with one
 work-item per element it writes, reading its source through an index expression (sympy, printed
@@ -18,7 +18,21 @@ _i = sp.Symbol("i", integer=True, nonnegative=True)
 
 
 def transpose(x, name=None):
-    """(A, B) -> (B, A) per sample."""
+    """(A, B) -> (B, A) per sample.
+
+    Args:
+        x (Value): the input, two axes (A, B) per sample.
+        name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
+            block); default ``transpose_<n>``. Parameters are named ``<name>.<param>``.
+
+    Returns:
+        value (Value): (B, A) per sample, y[j, i] = x[i, j].
+
+    Raises:
+        GraphError: ``x`` is not a graph value, or ``name`` is not an ASCII identifier or is
+            already used.
+        ShapeError: x does not have two axes.
+    """
     return graph_of(x, "transpose").add("transpose", [x], {}, name)
 
 

@@ -203,7 +203,17 @@ def _refusal(device, error):
 
 def devices(check=False):
     """What OpenCL offers: a list of dicts with platform:device index, implementation, names, type,
-    driver version and limits; with check=True also "builds" (None if kernels build, else why)."""
+    driver version and limits; with check=True also "builds" (None if kernels build, else why).
+
+    Args:
+        check (bool): also build and run a test kernel on each device (cached per process and
+            on disk per platform, device and driver).
+
+    Returns:
+        devices (list[dict]): one per device: id ("P:D", what ``device=`` takes),
+            implementation, platform, device, type, driver, compute_units, global_mem_mb,
+            local_mem_kb, max_work_group_size, fp64 (and builds with ``check``).
+    """
     cl = _cl()
     out = []
     for pi, di, p, d in _pairs():
