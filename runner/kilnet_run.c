@@ -162,7 +162,7 @@ static const char *loader_name = "(none)";
 /* The drivers kilnet registers from PyPI (Intel's CPU runtime) are listed in a folder that
    `import kilnet` makes: <cache>/icd/<hash>/, holding the system's .icd files too. Where
    OCL_ICD_VENDORS is unset, point it at the newest such folder, before the loader first reads it,
-   so that a bundle runs as the README shows it. The cache: KILNET_CACHE_DIR, else
+   so that a bundle runs as the docs show it. The cache: KILNET_CACHE_DIR, else
    $XDG_CACHE_HOME/kilnet, else ~/.cache/kilnet (as runtime/program.py). */
 static char kilnet_vendors[4096];
 /* kilnet's cache folder into out (empty where neither variable says one). */

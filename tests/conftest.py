@@ -99,9 +99,9 @@ SLOW = {
         "the kernel forms on PoCL, whose compiler is several times slower than Intel's: 60 s "
         "(the same cases on Intel's runtime stay in the main run)",
     "tests/test_readme_shell.py::test_readme_command[[]*benchmarks/*":
-        "the README's benchmark commands: 45 s",
+        "the docs' benchmark commands (docs/guides/benchmarks.md): 45 s",
     "tests/test_readme_shell.py::test_readme_command[[]*KILNET_DEVICE=pocl*":
-        "the README's PoCL runs of the examples: 9 s",
+        "the docs' PoCL runs of the examples (docs/guides/devices.md): 9 s",
     "tests/test_fuzz.py::test_valid_graph_matches_reference":
         "the fuzzer's valid graphs against the interpreter, 50 examples: 50 s cold since the "
         "generator draws issue 45's and 46's ops (the fuzzer's invalid graphs and bad feeds "

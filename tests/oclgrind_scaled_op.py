@@ -1,4 +1,4 @@
-"""Runs README's example op (tests/scaled_op.py) once under Oclgrind, with and without the
+"""Runs the docs' example op (tests/scaled_op.py) once under Oclgrind, with and without the
 activation-derivative fusion and with more values than its reduction's lanes;
 tests/test_oclgrind.py runs this script."""
 import sys

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from docs_pages import pages, text as page_text
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
 
@@ -177,8 +179,10 @@ def test_every_markdown_file_the_project_cites_is_in_it():
                 if f.endswith((".py", ".j2", ".c")):
                     text = open(os.path.join(folder, f), encoding="utf-8").read()
                     cited |= set(re.findall(r"[\w./-]*[A-Z_]+\.md\b", text))
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    cited |= set(re.findall(r"\]\(([^)#]+\.md)", readme))
+    for page in pages():             # README links from the root, a docs page from its folder
+        where = os.path.dirname(page)
+        cited |= {os.path.normpath(os.path.join(where, link))
+                  for link in re.findall(r"\]\(([^)#:]+\.md)", page_text(page))}
     assert {"docs/DESIGN.md", "docs/ARTICLES.md"} <= cited
     missing = sorted(c for c in cited if not os.path.isfile(os.path.join(ROOT, c)))
     assert not missing, missing

@@ -895,7 +895,7 @@ def test_runner_finds_the_drivers_kilnet_registered_as_the_readme_runs_it(tiny_b
                                                                           run_env, tmp_path):
     """With OCL_ICD_VENDORS unset, the runner points the loader at the newest folder that
     `import kilnet` made under its cache (<cache>/icd/<hash>/), so `./kilnet_run BUNDLE forward
-    ...` runs as the README shows it. Here a cache whose folder names only DEVICE's driver."""
+    ...` runs as the docs show it. Here a cache whose folder names only DEVICE's driver."""
     bundle, data = tiny_bundle
     want = run(runner, run_env, bundle, "forward", data / "in.bin", tmp_path / "want.bin")
     assert want.returncode == 0, want.stderr

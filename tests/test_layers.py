@@ -1,4 +1,4 @@
-"""The package's imports run one way (README, Layout): read from the source with ``ast``, every
+"""The package's imports run one way (docs/concepts/layout.md): read from the source with ``ast``, every
 kilnet module imports only modules of its own layer or of layers below it, no modules import each
 other in a circle, and no kilnet import is hidden inside a function."""
 import ast
@@ -108,12 +108,12 @@ def test_no_import_cycles():
 
 
 def test_the_layers_are_the_packages_the_readme_lists():
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    layout = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    readme = open(os.path.join(ROOT, "docs", "concepts", "layout.md"), encoding="utf-8").read()
+    layout = readme.split("# Layout", 1)[1].split("```", 2)[1]
     order = [p.split(".")[1] for _label, prefixes in LAYERS[1:-1] for p in prefixes]
     where = [layout.index(f"  {p}/") for p in order]
-    assert where == sorted(where), f"the README's Layout lists {order} in another order"
-    assert "one way" in readme.split("## Layout", 1)[1]
+    assert where == sorted(where), f"docs/concepts/layout.md lists {order} in another order"
+    assert "one way" in readme.split("# Layout", 1)[1]
 
 
 def test_the_check_sees_an_upward_import(tmp_path):

