@@ -178,6 +178,24 @@ def test_the_page_runs_in_chromium_without_errors(browser, page):
     assert got.find("g", data_timeline=True)
 
 
+@pytest.mark.parametrize("seed", [3, 11, 29])
+def test_the_page_of_a_random_graph_runs_in_chromium(browser, seed, tmp_path):
+    """Any model, not only the examples: a fuzzed graph's training plan (tests/random_graphs.py),
+    unprofiled; the DOM Chromium builds has a row per launch, its arenas add up, the script ran."""
+    from test_report import fuzzed
+    model = fuzzed(seed)
+    path = str(tmp_path / "fuzzed.html")
+    model.report(path)
+    dom, _ = run_chromium(browser, "file://" + path, "--dump-dom")
+    got = Page(dom, strict=False)
+    assert errors_shown(dom) == ""
+    attrs = got.find("body")[0][1]
+    assert attrs.get("data-js") == "ready" and attrs.get("data-arenas") == "ok", attrs
+    assert got.launch_rows() == [la.name for la in model.kernels]
+    expected = {role: n * model._exec.item for role, n in model.plan.arenas.items()}
+    assert check_arenas(got, expected) == []
+
+
 def test_an_error_in_the_page_shows(browser, page, tmp_path):
     """The check is not blind: a page whose script throws shows it in <pre id=errors> and never
     reaches data-js="ready"."""
