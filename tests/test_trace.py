@@ -280,3 +280,28 @@ def test_through_the_plan_kernel_one_whole_step_run_is_timed_too(tmp_path):
     names = {(e["name"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "M"}
     assert names == {("process_name", 1), ("thread_name", 1), ("thread_name", 2)}
     assert trace["otherData"]["submit"] == "plan kernel"
+
+
+def test_a_trace_of_w1s_train_step_is_valid(tmp_path):
+    """Issue 48's case: W1 itself (benchmarks/vs_pytorch.py's qnet: 3 conv1d of 32, 3 dense of 1000,
+    3 softmax heads of 15; written out here, since tests import nothing from benchmarks/), its
+    train step with Adam at batch 8, profiled twice: the written trace.json is valid JSON in the
+    Trace Event Format with one complete event per launch per run."""
+    g = kn.Graph("W1_qnet")
+    h = g.input("bars", (40, 12))
+    for _ in range(3):
+        h = kn.conv1d(h, filters=32, window=3, step=1, activation="leaky_relu")
+    for _ in range(3):
+        h = kn.dense(h, 1000, activation="tanh")
+    g.output("probs", kn.softmax(kn.dense(h, 45), heads=3))
+    model = kn.compile(g, batch=8, optimizer=kn.Adam(lr=1e-3), loss={"probs": "cross_entropy"})
+    rng = np.random.default_rng(1)
+    y = np.zeros((8, 45), np.float32)
+    y[:, [0, 15, 30]] = 1
+    path = tmp_path / "trace.json"
+    model.profile({"bars": rng.random((8, 40, 12), dtype=np.float32)}, {"probs": y}, repeat=2,
+                  trace=path)
+    trace = json.loads(path.read_text(encoding="utf-8"))
+    names = [la.name for la in model.steps["train_step"]]
+    assert len(names) >= 20
+    assert validate(trace, names, 2) == []
