@@ -20,26 +20,13 @@ from kilnet.runtime import progress as progmod
 from kilnet.runtime.progress import BuildProgress, Progress
 
 from test_cli import run_cli
+from test_program_cache import Terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPIRALS = os.path.join(ROOT, "examples", "two_spirals.py")
 CLEAR = re.compile(r"\r +\r")
 
 
-class Terminal:
-    """A standard error that says it is a terminal (or not), keeping what is written to it."""
-
-    def __init__(self, tty=True):
-        self.text, self.tty = "", tty
-
-    def isatty(self):
-        return self.tty
-
-    def write(self, s):
-        self.text += s
-
-    def flush(self):
-        pass
 
 
 def shown(text):

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 import kilnet as kn
-from kilnet import cli, report
+from kilnet import report
 from kilnet.compiler import persistent
 from kilnet.profile import WHOLE_STEP, Profile
 
 import random_graphs as rg
 from report_page import Page, check_arenas, network_references
+from test_cli import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -365,13 +366,6 @@ def test_the_highlighter_marks_each_kind_and_loses_nothing():
 
 
 # -- the command --------------------------------------------------------------------------------
-def run_cli(capsys, *argv):
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_inspect_html_writes_the_report(capsys, tmp_path, spirals):
