@@ -28,7 +28,7 @@ import warnings  # noqa: E402
 
 import kilnet as kn  # noqa: E402
 import vs_pytorch as vs  # noqa: E402
-from kilnet import export  # noqa: E402
+from kilnet.deploy import bundle as bundle_mod  # noqa: E402
 from kilnet.compiler.lower import lower  # noqa: E402
 from kilnet.policy.target import Target  # noqa: E402
 from kilnet.runtime import device as devmod  # noqa: E402
@@ -92,7 +92,7 @@ def main(argv=None):
         list(ex.map(lambda ks: built(*ks), vary("threads")))
     print(f"{THREADS} threads: {time.perf_counter() - t:.2f} s")
     separate = [la for la in plan.launches]
-    source, _ = export.program(plan, separate)
+    source, _ = bundle_mod.program(plan, separate)
     t = time.perf_counter()
     _, t_one = built("all", source + "\n/* one */\n")
     print(f"the separate launches' {len({la.kernel for la in separate})} kernels as one program: "

@@ -27,7 +27,8 @@ import sys
 
 import kilnet as kn
 
-from . import export, mql5, onnx_export, tune
+from . import tune
+from .deploy import bundle, bundle_read, mql5, onnx
 from . import report as html_report
 from .errors import KilnetError
 from .inspect import arg_list, kernel_table, memory_table
@@ -189,12 +190,12 @@ def cmd_inspect(args):
 
 
 def _inspect_bundle(args):
-    if not export.is_bundle(args.target):
+    if not bundle_read.is_bundle(args.target):
         raise UsageError(f"{args.target} is a folder but not an export bundle (no plan.json)")
-    doc = export.read(args.target)
+    doc = bundle_read.read(args.target)
     if args.kernel:
         try:
-            launch, source = export.kernel_source(args.target, doc, args.kernel)
+            launch, source = bundle_read.kernel_source(args.target, doc, args.kernel)
         except kn.BundleError as e:          # a name not there is a usage error, as for a model
             raise UsageError(str(e)) from None
         print(f"// {launch['name']}: kernel {launch['kernel']}, global {tuple(launch['global_size'])}, "
@@ -206,11 +207,11 @@ def _inspect_bundle(args):
     if args.memory:
         if args.kernel:
             print()
-        print(export.memory_table(doc))
+        print(bundle_read.memory_table(doc))
     if not (args.kernel or args.memory):
-        print(export.summary(doc))
+        print(bundle_read.summary(doc))
         print()
-        print(export.kernel_table(doc))
+        print(bundle_read.kernel_table(doc))
     return 0
 
 
@@ -219,7 +220,7 @@ def cmd_export(args):
     if args.onnx is not None or args.mql5_onnx is not None:
         return _export_onnx(args)
     if args.out is None:
-        if not export.is_bundle(args.target):
+        if not bundle_read.is_bundle(args.target):
             raise UsageError("give the bundle folder to write: kilnet export MODEL OUT/ (or an "
                              "existing bundle folder with --mql5 OUT.mqh)")
         if not args.mql5:
@@ -229,7 +230,7 @@ def cmd_export(args):
             raise UsageError("--target and --train apply when exporting a model, not to an "
                              "existing bundle")
         print(f"wrote {mql5.write(args.target, args.mql5)}: "
-              f"{mql5.form_note(export.read(args.target, check_data=False))}")
+              f"{mql5.form_note(bundle_read.read(args.target, check_data=False))}")
         return 0
     _check_batch(args)
     if args.mql5 and not args.mql5.endswith(".mqh"):
@@ -241,9 +242,9 @@ def cmd_export(args):
         say = progress.wrap(print)
         model = _model_of(args.target, args.batch, inference=not args.train)
         progress.advance(note=steps[1])
-        path = export.export(model, args.out, target=args.form, train=args.train)
+        path = bundle.export(model, args.out, target=args.form, train=args.train)
         progress.advance(note=steps[2])
-        doc = export.read(path, check_data=False)
+        doc = bundle_read.read(path, check_data=False)
         say(f"wrote bundle {path}: {len(doc['launches'])} launches, {len(doc['kernels'])} "
             f"kernels, calls {', '.join(doc['calls'])}")
         if args.mql5:
@@ -274,7 +275,7 @@ def _export_onnx(args):
         raise UsageError("--mql5-onnx needs --onnx OUT.onnx (the script embeds that file)")
     if not args.onnx.endswith(".onnx"):
         raise UsageError(f"--onnx must name a .onnx file, got {args.onnx!r}")
-    if export.is_bundle(args.target):
+    if bundle_read.is_bundle(args.target):
         raise UsageError(f"--onnx exports a model (file.py, module:function or a .kiln "
                          f"checkpoint); {args.target} is a bundle, which holds no graph")
     if args.mql5_onnx is not None and not args.mql5_onnx.endswith(".mq5"):
@@ -288,17 +289,17 @@ def _export_onnx(args):
         model = _model_of(args.target, args.batch, inference=not (args.out and args.train))
         if args.out is not None:
             progress.advance(note="writing the bundle")
-            path = export.export(model, args.out, target=args.form, train=args.train)
+            path = bundle.export(model, args.out, target=args.form, train=args.train)
             say(f"wrote bundle {path}")
         progress.advance(note="writing the ONNX file")
-        path = onnx_export.export_onnx(model, args.onnx)
+        path = onnx.export_onnx(model, args.onnx)
         io = lambda d: ", ".join(f"{k} (N, {', '.join(map(str, n.shape))})" for k, n in d.items())  # noqa: E731
-        say(f"wrote {path}: ONNX opset {onnx_export.OPSET} of model {model.graph.name!r} "
+        say(f"wrote {path}: ONNX opset {onnx.OPSET} of model {model.graph.name!r} "
             f"({model.dtype}, inference); inputs {io(model.graph.inputs)}; outputs "
             f"{io(model.graph.outputs)}")
         if args.mql5_onnx is not None:
             progress.advance(note="writing the MQL5 script")
-            say(f"wrote {onnx_export.write_mql5_script(model, path, args.mql5_onnx)}")
+            say(f"wrote {onnx.write_mql5_script(model, path, args.mql5_onnx)}")
     return 0
 
 

@@ -1,12 +1,6 @@
 """Human-readable views of a compiled model: the summary and the kernel table."""
 from .ops import get_op
-
-
-def _fmt_bytes(n):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+from .tables import fmt_bytes as _fmt_bytes, table as _table
 
 
 def summary(model):
@@ -49,17 +43,6 @@ def _one_at_a_time(plan):
                                    ("check_finite", plan.check_finite),
                                    ("check_extents", plan.check_extents)) if on]
     return f"; with {' and '.join(debug)} every launch runs alone" if debug else ""
-
-
-def _table(heads, rows, right=()):
-    """Rows of strings in columns as wide as their widest cell; columns in ``right`` align right."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(heads)]
-
-    def line(cells):
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    return [line(heads)] + [line(r) for r in rows]
 
 
 def kernel_table(model):

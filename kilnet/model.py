@@ -5,7 +5,8 @@ import time
 
 import numpy as np
 
-from . import checkpoint, device_data, diagnose, export as bundle, onnx_export
+from . import checkpoint, device_data, diagnose
+from .deploy import bundle, onnx
 from . import report as html_report
 from .errors import CompileError, FeedError, GraphError, KilnetError, NonFiniteLoss
 from .feeds import as_array, check_feeds, check_targets
@@ -389,7 +390,7 @@ class Model:
     def export(self, path, target=None, train=False):
         """Write a bundle folder that runs this plan without Python: kernels.cl, plan.json (and
         plan.txt) with arenas, launches and argument slots, and the parameters as raw arrays; see
-        kilnet/export.py. target: "cpu" | "gpu" kernel form (default the model's); train: also
+        kilnet/deploy/bundle.py. target: "cpu" | "gpu" kernel form (default the model's); train: also
         the train_step call and the optimizer moments. Returns the bundle's path."""
         return bundle.export(self, path, target=target, train=train)
 
@@ -397,9 +398,9 @@ class Model:
         """Write this model's inference graph (what ``forward`` computes, with the parameters
         and batch-norm statistics as they are now) as an ONNX file of standard operators at
         opset 17, inputs and outputs named as the graph names them with a symbolic batch
-        dimension; see kilnet/onnx_export.py. Needs the onnx package (``kilnet[onnx]``).
+        dimension; see kilnet/deploy/onnx.py. Needs the onnx package (``kilnet[onnx]``).
         Returns the file's path."""
-        return onnx_export.export_onnx(self, path)
+        return onnx.export_onnx(self, path)
 
     def report(self, path, profile=None):
         """Write one self-contained HTML page about this compiled plan to ``path`` (a str or

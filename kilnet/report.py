@@ -21,7 +21,7 @@ from markupsafe import Markup
 
 from .errors import GraphError
 from .files import write_text
-from .inspect import _fmt_bytes
+from .tables import fmt_bytes as _fmt_bytes
 from .profile import WHOLE_STEP
 
 _env = jinja2.Environment(loader=jinja2.PackageLoader("kilnet", "templates"),

@@ -12,7 +12,7 @@ import pytest
 import kilnet as kn
 import onnx_check
 import reference as ref
-from kilnet import export, mql5
+from kilnet.deploy import bundle_read, mql5
 from test_export import check_against_python, run_env, runner  # noqa: F401  (fixtures)
 from test_gradients import check_gradients
 
@@ -161,7 +161,7 @@ def test_the_runner_and_the_mql5_include_run_it(runner, run_env, tmp_path):  # n
     include = mql5.write(bundle, tmp_path / "pc.mqh")
     text = open(include, encoding="utf-8").read()
     assert "bn_forward" in text.replace(".", "_") and text.count("{") == text.count("}")
-    assert export.read(bundle)["batch"] == 3
+    assert bundle_read.read(bundle)["batch"] == 3
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -191,15 +191,15 @@ def test_inspect_takes_a_checkpoint_at_its_own_batch(capsys, checkpoint):
 
 
 def test_export_of_a_checkpoint_is_for_inference_unless_train(capsys, checkpoint, tmp_path):
-    from kilnet import export
+    from kilnet.deploy import bundle_read
     path, m = checkpoint
     code, out, err = run_cli(capsys, "export", path, str(tmp_path / "b1"), "--batch", "1")
     assert code == 0, err
-    doc = export.read(str(tmp_path / "b1"))
+    doc = bundle_read.read(str(tmp_path / "b1"))
     assert doc["batch"] == 1 and list(doc["calls"]) == ["forward"]
     code, out, err = run_cli(capsys, "export", path, str(tmp_path / "deep" / "bt"), "--train")
     assert code == 0, err
-    doc = export.read(str(tmp_path / "deep" / "bt"))
+    doc = bundle_read.read(str(tmp_path / "deep" / "bt"))
     assert doc["batch"] == 4 and "train_step" in doc["calls"]
     # --train at batch 1 cannot estimate the variance: refused, naming the fix.
     code, out, err = run_cli(capsys, "export", path, str(tmp_path / "b3"), "--train", "--batch",

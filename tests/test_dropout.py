@@ -238,10 +238,10 @@ def test_the_c_runner_trains_with_the_same_masks(runner, run_env, tmp_path, monk
 
 
 def test_the_mql5_include_binds_the_generators_arguments_and_writes_the_step(tmp_path):
-    from kilnet import export, mql5
+    from kilnet.deploy import bundle_read, mql5
     m = _trained_model()
     bundle = m.export(tmp_path / "bundle", train=True)
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     with open(mql5.write(bundle, str(tmp_path / "Include" / "drop.mqh")), newline="") as f:
         text = f.read().replace("\r\n", "\n")
     seen = set()

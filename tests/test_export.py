@@ -16,7 +16,7 @@ import pytest
 import c_runner
 
 import kilnet as kn
-from kilnet import export, mql5
+from kilnet.deploy import bundle as bundle_mod, bundle_read, mql5
 from kilnet.policy import names
 from kilnet.runtime import icd
 from devices_here import CPU_IMPLEMENTATIONS
@@ -106,34 +106,34 @@ def run(runner, env, *args):
 
 def batch_data(doc, key, rng):
     """{name: array (batch, ...)} for the bundle's inputs or targets."""
-    dt = export.DTYPES[doc["dtype"]]
+    dt = bundle_mod.DTYPES[doc["dtype"]]
     return {r["name"]: rng.uniform(-1, 1, r["shape"]).astype(dt) for r in doc[key]}
 
 
 def write(path, doc, key, arrays):
     with open(path, "wb") as f:
         for r in doc[key]:
-            f.write(np.ascontiguousarray(arrays[r["name"]], export.DTYPES[doc["dtype"]]).tobytes())
+            f.write(np.ascontiguousarray(arrays[r["name"]], bundle_mod.DTYPES[doc["dtype"]]).tobytes())
 
 
 def arena_values(doc, folder, name):
     """Parameter, state or moment ``name`` from the arena files in ``folder``."""
     b = next(b for b in doc["buffers"] if b["name"] == name)
     a = next(a for a in doc["arenas"] if a["role"] == b["role"])
-    data = np.fromfile(os.path.join(folder, a["file"]), export.DTYPES[doc["dtype"]])
+    data = np.fromfile(os.path.join(folder, a["file"]), bundle_mod.DTYPES[doc["dtype"]])
     return data[b["offset"]:b["offset"] + b["size"]].reshape(b["shape"])
 
 
 def check_against_python(model, bundle, runner, env, tmp_path, seed=0, steps=1):
     """Forward, then ``steps`` train steps, by the runner and by Python; returns the max
     differences seen."""
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     rng = np.random.default_rng(seed)
     feeds = batch_data(doc, "inputs", rng)
     write(tmp_path / "in.bin", doc, "inputs", feeds)
     r = run(runner, env, bundle, "forward", tmp_path / "in.bin", tmp_path / "out.bin")
     assert r.returncode == 0, r.stderr
-    got = np.fromfile(tmp_path / "out.bin", export.DTYPES[doc["dtype"]])
+    got = np.fromfile(tmp_path / "out.bin", bundle_mod.DTYPES[doc["dtype"]])
     want = model.forward(feeds)
     want = np.concatenate([want[o["name"]].reshape(-1) for o in doc["outputs"]])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -186,7 +186,7 @@ def test_float64_sgd_continues_from_the_models_step(runner, run_env, tmp_path):
     rng = np.random.default_rng(5)
     model.train_step({"x": rng.normal(size=(3, 5))}, {"y": rng.uniform(size=(3, 4))})
     bundle = model.export(tmp_path / "b", train=True)
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     assert doc["step_scalars"]["step"] == 1 and doc["step_scalars"]["values"][0] == "lr"
     check_against_python(model, bundle, runner, run_env, tmp_path, steps=2)
     assert model.step == 3
@@ -198,7 +198,7 @@ def test_adam_step_count_and_bias_corrections_in_the_bundle(runner, run_env, tmp
     for _ in range(2):
         model.train_step({"x": rng.normal(size=(2, 5))}, {"y": rng.uniform(size=(2, 4))})
     bundle = model.export(tmp_path / "b", train=True)
-    s = export.read(bundle)["step_scalars"]
+    s = bundle_read.read(bundle)["step_scalars"]
     assert (s["optimizer"], s["step"], s["values"]) == ("adam", 2, ["lr", "1 - b1**t", "1 - b2**t", "0", "t % 65536", "t // 65536"])
     assert s["config"] == model.optimizer.config()
     check_against_python(model, bundle, runner, run_env, tmp_path, steps=3)
@@ -213,21 +213,21 @@ def test_gpu_form_exported_from_a_cpu_form_model(runner, run_env, tmp_path, monk
     gpu = spirals.build_model(**SMALL["two_spirals"])
     monkeypatch.delenv("KILNET_TARGET")
     gpu.export(tmp_path / "from_gpu", train=True)
-    a, b = (export.read(tmp_path / d) for d in ("from_cpu", "from_gpu"))
+    a, b = (bundle_read.read(tmp_path / d) for d in ("from_cpu", "from_gpu"))
     # the same bundle; each records the settings its model was compiled under
     assert b["settings"]["KILNET_TARGET"] == "gpu" and "KILNET_TARGET" not in a["settings"]
     a.pop("settings"), b.pop("settings")
     assert a == b and a["target"] == "gpu"
     for f in a["files"]:
         assert (tmp_path / "from_cpu" / f).read_bytes() == (tmp_path / "from_gpu" / f).read_bytes()
-    assert export.read(cpu.export(tmp_path / "own"))["target"] == "cpu"
+    assert bundle_read.read(cpu.export(tmp_path / "own"))["target"] == "cpu"
     check_against_python(gpu, str(tmp_path / "from_cpu"), runner, run_env, tmp_path)
 
 
 def test_forward_only_bundles(runner, run_env, tmp_path):
     trained = kn.compile(tiny_graph(), batch=3, optimizer=kn.Adam(), loss="cross_entropy")
     bundle = trained.export(tmp_path / "fwd")
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     assert list(doc["calls"]) == ["forward"] and not doc["train"] and doc["step_scalars"] is None
     assert sorted(doc["files"]) == ["kernels.cl", "param.bin"]
     roles = {a["arena"] for la in doc["launches"] for a in la["args"] if a["kind"] == "arena"}
@@ -245,7 +245,7 @@ def test_forward_only_bundles(runner, run_env, tmp_path):
 def test_calls_are_the_models_steps():
     model = kn.compile(tiny_graph(), batch=2, optimizer=kn.SGD(),
                        loss="cross_entropy")
-    calls = export.calls_of(model.plan, train=True)
+    calls = bundle_mod.calls_of(model.plan, train=True)
     for call in ("forward", "train_step"):
         assert [model.plan.launches[i] for i in calls[call]] == list(model.steps[call])
 
@@ -253,13 +253,13 @@ def test_calls_are_the_models_steps():
 def test_kernels_cl_is_one_program_with_unique_names(tmp_path):
     model = load_example("gte_encoder").build_model(**SMALL["gte_encoder"])
     bundle = model.export(tmp_path / "b", train=True)
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     text = (tmp_path / "b" / "kernels.cl").read_text()
     declared = re.findall(r"__kernel\s+(?:__attribute__\(\([^)]*\)\)\)\s*)?void\s+(\w+)\s*\(", text)
     assert sorted(declared) == sorted(k["name"] for k in doc["kernels"])
     assert len(set(declared)) == len(declared)
     assert {la["kernel"] for la in doc["launches"]} == set(declared)
-    assert all(len(n) <= export.MAX_KERNEL_NAME for n in declared)
+    assert all(len(n) <= bundle_mod.MAX_KERNEL_NAME for n in declared)
     for k in doc["kernels"]:      # each kernel's function, from its declaration on, is the plan's
         src = model.plan.sources[k["plan_kernel"]]
         assert src[src.index("__kernel"):] in text
@@ -285,10 +285,10 @@ def test_clashing_renders_are_renamed_when_concatenated():
     class L:
         def __init__(self, kernel):
             self.kernel = kernel
-    text, names = export.program(FakePlan, [L(k) for k in FakePlan.sources])
+    text, names = bundle_mod.program(FakePlan, [L(k) for k in FakePlan.sources])
     assert names["k"] == "k" and names["k_2"] == "k_2"
     long = names["k" + "x" * 140]
-    assert len(long) == export.MAX_KERNEL_NAME and f"void {long}(" in text
+    assert len(long) == bundle_mod.MAX_KERNEL_NAME and f"void {long}(" in text
     assert text.count("inline real f(") == 1                 # identical helper: once
     assert "typedef real8 vec_k_2;" in text and "vec_k_2 v;" in text   # clashing typedef: renamed
     assert text.count("typedef real4 vec;") == 1 and "#undef SCALE" in text
@@ -304,7 +304,7 @@ def tiny_bundle(tmp_path_factory):
     model = kn.compile(tiny_graph(), batch=3, optimizer=kn.Adam(), loss="cross_entropy",
                        device=DEVICE)
     path = model.export(tmp_path_factory.mktemp("tiny") / "bundle", train=True)
-    doc = export.read(path)
+    doc = bundle_read.read(path)
     folder = tmp_path_factory.mktemp("tinydata")
     rng = np.random.default_rng(0)
     write(folder / "in.bin", doc, "inputs", batch_data(doc, "inputs", rng))
@@ -326,7 +326,7 @@ def _resealed(text):
     """plan.txt ``text`` (bytes) with its seal made again, as a hand edit that knows the rule."""
     body = text.decode()
     body = body[:body.rfind("seal ")] if "\nseal " in body else body
-    return export.seal(body).encode()
+    return bundle_mod.seal(body).encode()
 
 
 def _plan_line(which, fn, reseal=True):
@@ -466,7 +466,7 @@ def test_runner_refuses_a_damaged_bundle(what, tiny_bundle, runner, run_env, tmp
         assert message in r.stderr and "kilnet_run: " in r.stderr, r.stderr
     assert not (tmp_path / "out.bin").exists() and not os.listdir(tmp_path / "o")
     with pytest.raises(kn.BundleError):         # Python's reader (inspect, --mql5) refuses it too
-        export.read(bundle)
+        bundle_read.read(bundle)
 
 
 def _data(doc, folder, steps, seed):
@@ -488,7 +488,7 @@ def test_runner_from_a_plain_shell_skips_a_batch_holding_a_nan(runner, run_env, 
     g.output("y", kn.dense(h, 2))
     model = kn.compile(g, batch=3, optimizer=kn.Adam(lr=0.05), loss="mse")
     bundle = model.export(tmp_path / "b", train=True)
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     env = c_runner.shell_environment(run_env)
     assert "PYOPENCL_HOME" not in env and "PYTHONPATH" not in env
     batches = _data(doc, tmp_path, 3, seed=4)
@@ -533,7 +533,7 @@ def test_runner_without_a_system_loader_opens_the_one_kilnet_recorded(tmp_path):
     env["KILNET_CACHE_DIR"] = cache
     model = kn.compile(tiny_graph(), batch=2)
     bundle = model.export(tmp_path / "b")
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     x = batch_data(doc, "inputs", np.random.default_rng(0))
     write(tmp_path / "x.bin", doc, "inputs", x)
     r = run(out, env, bundle, "forward", tmp_path / "x.bin", tmp_path / "y.bin")
@@ -555,7 +555,7 @@ def _write_batches(doc, folder, batches):
         for x, t in batches:
             for f, key, arrays in ((fi, "inputs", x), (ft, "targets", t)):
                 for r in doc[key]:
-                    f.write(np.ascontiguousarray(arrays[r["name"]], export.DTYPES[doc["dtype"]]).tobytes())
+                    f.write(np.ascontiguousarray(arrays[r["name"]], bundle_mod.DTYPES[doc["dtype"]]).tobytes())
 
 
 def test_runner_resumes_from_what_train_wrote(runner, run_env, tmp_path):
@@ -564,7 +564,7 @@ def test_runner_resumes_from_what_train_wrote(runner, run_env, tmp_path):
     the folder runs the trained parameters, as Python's model trained on the same batches."""
     model = kn.compile(tiny_graph(), batch=3, optimizer=kn.Adam(lr=0.05), loss="cross_entropy")
     bundle = model.export(tmp_path / "b", train=True)
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     for d in ("all", "first", "second", "d4", "d2a", "d2b"):
         (tmp_path / d).mkdir()
     batches = _data(doc, tmp_path / "d4", 4, seed=3)
@@ -645,7 +645,7 @@ def test_runner_caches_its_program_per_device(tiny_bundle, runner, run_env, tmp_
     forward("cannot cache the program")
     os.remove(bundle / ".kilnet_run-cache")
     assert all(o == outs[0] for o in outs)
-    export.read(bundle)                  # the cache is not part of the bundle
+    bundle_read.read(bundle)                  # the cache is not part of the bundle
 
 
 def test_runner_sha256_is_fips_180_4s(runner, tmp_path):
@@ -710,7 +710,7 @@ def test_python_reader_refuses_a_damaged_bundle(damage, message, tiny_bundle, tm
     shutil.copytree(tiny_bundle[0], bundle)
     damage(str(bundle))
     with pytest.raises(kn.BundleError, match=re.escape(message)):
-        export.read(bundle)
+        bundle_read.read(bundle)
     code, _, err = run_cli(capsys, "inspect", str(bundle))
     if message == "plan.json is missing":
         assert code == 2 and "not an export bundle" in err
@@ -749,9 +749,9 @@ def test_bad_arguments_name_themselves(tiny_model, tmp_path):
     made = mql5.write(str(tmp_path / "ok"), str(tmp_path / "MQL5" / "Include" / "mine" / "x.mqh"))
     assert os.path.isfile(made) and os.path.isfile(made[:-4] + ".cl")     # its folder made
     with pytest.raises(kn.BundleError, match="no such folder"):
-        export.read(tmp_path / "missing")
+        bundle_read.read(tmp_path / "missing")
     with pytest.raises(kn.BundleError, match="is a file"):
-        export.read(tmp_path / "file")
+        bundle_read.read(tmp_path / "file")
 
 
 def test_export_is_atomic(tiny_model, tmp_path, monkeypatch):
@@ -776,7 +776,7 @@ def test_export_is_atomic(tiny_model, tmp_path, monkeypatch):
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == ["b", "empty"]       # no temporary folders left
     tiny_model.export(tmp_path / "b", train=True)               # a bundle is replaced
-    assert export.read(tmp_path / "b")["train"]
+    assert bundle_read.read(tmp_path / "b")["train"]
     assert oct(os.stat(tmp_path / "b").st_mode & 0o777) != oct(0o700)
 
 
@@ -789,7 +789,7 @@ def test_cli_export_inspect_and_mql5(capsys, tmp_path):
     assert code == 0, err
     assert f"wrote bundle {out_dir}" in out and "spirals.mqh" in out
     assert (tmp_path / "spirals.cl").read_bytes().decode("ascii")
-    doc = export.read(out_dir)
+    doc = bundle_read.read(out_dir)
     code, out, _ = run_cli(capsys, "inspect", str(out_dir))
     assert code == 0 and "bundle of model 'two_spirals'" in out and "forward and train_step" in out
     for la in doc["launches"]:
@@ -823,12 +823,12 @@ def test_cli_export_inspect_and_mql5(capsys, tmp_path):
 def test_mql5_include_holds_the_plans_table(tmp_path):
     model = load_example("forecast").build_model(**SMALL["forecast"])
     bundle = model.export(tmp_path / "b", train=True)
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     path = mql5.write(bundle, str(tmp_path / "f.mqh"))
     with open(path, newline="") as f:
         text = f.read()
     assert text.isascii() and "\r\n" in text
-    item = export.DTYPES[doc["dtype"]].itemsize
+    item = bundle_mod.DTYPES[doc["dtype"]].itemsize
     arena = {a["role"]: i for i, a in enumerate(doc["arenas"])}
     # buffers: one per arena, in order, with the plan's size in bytes
     created = re.findall(r"m_mem\[(\d+)\]=CLBufferCreate\(m_ctx,(\d+),CL_MEM_READ_WRITE\)", text)
@@ -885,9 +885,9 @@ def test_mql5_include_holds_the_plans_table(tmp_path):
     assert '#resource "f.cl" as string F_CL' in text and (tmp_path / "f.cl").is_file()
     # the same plan gives the same text
     again = load_example("forecast").build_model(**SMALL["forecast"]).export(tmp_path / "b2", train=True)
-    assert mql5.include(export.read(again), "f") == text
+    assert mql5.include(bundle_read.read(again), "f") == text
     # a forward-only bundle has no TrainStep
-    fwd_only = mql5.include(export.read(model.export(tmp_path / "b3")), "g")
+    fwd_only = mql5.include(bundle_read.read(model.export(tmp_path / "b3")), "g")
     assert "bool              Forward(" in fwd_only and "TrainStep" not in fwd_only
 
 
@@ -936,7 +936,7 @@ def test_runner_and_mql5_include_run_an_embedding_model(target, runner, run_env,
     monkeypatch.setattr(sys.modules[__name__], "batch_data", data)
     model = _embedding_model()
     bundle = model.export(tmp_path / "bundle", target=target, train=True)
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     assert [r.get("ids") for r in doc["inputs"]] == [{"bound": 7, "node": "embedding_1"}, None]
     rng = np.random.default_rng(5)
     for bad, where in ((-1.0, "sample 1, position 2"), (7.0, "sample 2, position 0"),
@@ -978,7 +978,7 @@ def test_runner_and_mql5_on_layer_norm_and_pool1d(target, runner, run_env, tmp_p
                        seed=3)
     bundle = model.export(tmp_path / "bundle", train=True)
     check_against_python(model, bundle, runner, run_env, tmp_path, steps=2)
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     with open(mql5.write(bundle, str(tmp_path / "np.mqh")), newline="") as f:
         text = f.read()
     kernels = re.findall(r'm_kern\[(\d+)\]=CLKernelCreate\(m_prog,"(\w+)"\)', text)
@@ -1000,7 +1000,7 @@ def test_runner_and_mql5_on_an_add_folded_into_its_norm(target, runner, run_env,
     assert model.plan.graph.node("layer_norm_1").meta["terms"] is not None
     bundle = model.export(tmp_path / "bundle", train=True)
     check_against_python(model, bundle, runner, run_env, tmp_path, steps=2)
-    doc = export.read(bundle)
+    doc = bundle_read.read(bundle)
     assert not any(la["name"].startswith("add_1.") for la in doc["launches"])
     with open(mql5.write(bundle, str(tmp_path / "fold.mqh")), newline="") as f:
         text = f.read()

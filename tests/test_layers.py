@@ -9,13 +9,15 @@ PKG = os.path.join(ROOT, "kilnet")
 
 # Bottom to top. A module belongs to the first layer one of whose prefixes it starts with.
 LAYERS = [
-    ("foundation", ("kilnet.errors", "kilnet.settings", "kilnet.graph", "kilnet.feeds")),
+    ("foundation", ("kilnet.errors", "kilnet.settings", "kilnet.graph", "kilnet.feeds",
+                    "kilnet.tables", "kilnet.files")),
     ("runtime", ("kilnet.runtime",)),
     ("policy", ("kilnet.policy",)),
     ("kernels", ("kilnet.kernels",)),
     ("ops", ("kilnet.ops",)),
     ("compiler", ("kilnet.compiler",)),
-    ("models", ("kilnet",)),          # model, build, checkpoint, export, mql5, fit, tune, cli, ...
+    ("deploy", ("kilnet.deploy",)),   # bundles written and read, MQL5, ONNX
+    ("models", ("kilnet",)),          # model, build, checkpoint, fit, inspect, report, tune, cli, ...
 ]
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kilnet as kn
-from kilnet import export, mql5
+from kilnet.deploy import bundle as bundle_mod, bundle_read, mql5
 from test_cli import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,7 +67,7 @@ def bundles(model, tmp_path_factory):
         with open(made, newline="") as f:
             raw = f.read()
         assert raw.isascii() and "\r\n" in raw and "\n" not in raw.replace("\r\n", "")
-        out[name] = (export.read(path), raw.replace("\r\n", "\n"), path)
+        out[name] = (bundle_read.read(path), raw.replace("\r\n", "\n"), path)
     return out
 
 
@@ -135,7 +135,7 @@ def test_init_checks_every_arena_argument_before_setting_any(bundles, name):
     # each check compares with the size of the CL buffer as created, read back, and names
     # the launch and the slot when it fails
     inside = member(text, "Inside")
-    item = export.DTYPES[doc["dtype"]].itemsize
+    item = bundle_mod.DTYPES[doc["dtype"]].itemsize
     assert "CLGetInfoInteger(m_mem[a],CL_BUFFER_SIZE)" in inside
     assert f"(ulong)offset+extent<=(ulong)bytes/{item}" in inside
     assert 'launch %d (%s) slot %u' in inside and "return(false);" in inside
@@ -363,7 +363,7 @@ def test_mql5_says_which_form_it_wrote_and_why(capsys, tmp_path):
     code, out, err = run_cli(capsys, "export", SPIRALS, str(tmp_path / "own"), "--mql5",
                              str(tmp_path / "o.mqh"))
     assert code == 0, err
-    form = export.read(tmp_path / "own")["target"]
+    form = bundle_read.read(tmp_path / "own")["target"]
     assert re.search(rf"wrote .*o\.mqh: {form} kernel form \(the form of the device the model "
                      rf"was compiled on, as --target was not given\)", out)
     if form == "cpu":

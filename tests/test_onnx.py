@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import kilnet as kn
 import onnx_check
 import random_graphs as rg
-from kilnet import onnx_export
+from kilnet.deploy import onnx as onnx_export
 from kilnet.kernels.base import Op, register
 from test_cli import run_cli
 from test_export import SMALL, load_example

@@ -12,7 +12,7 @@ import pytest
 import kilnet as kn
 import onnx_check
 import reference as ref
-from kilnet import export, mql5
+from kilnet.deploy import bundle_read, mql5
 from test_cli import run_cli
 from test_export import check_against_python, run_env, runner  # noqa: F401  (fixtures)
 from test_gradients import check_gradients
@@ -203,7 +203,7 @@ def test_the_runner_and_the_mql5_include_run_it(runner, run_env, tmp_path):  # n
     text = open(mql5.write(bundle, tmp_path / "attn.mqh"), encoding="utf-8").read()
     for launch in ("causal_forward_attention", "causal_forward_out", "causal_backward_scores"):
         assert launch in text.replace(".", "_"), launch
-    assert text.count("{") == text.count("}") and export.read(bundle)["batch"] == 3
+    assert text.count("{") == text.count("}") and bundle_read.read(bundle)["batch"] == 3
 
 
 def test_help_carries_the_maths():

@@ -241,7 +241,7 @@ class Op:
 
     def onnx(self, node, e):
         """The node's inference-mode value written as standard ONNX operators with emitter ``e``
-        (kilnet/onnx_export.py's `Emitter`); returns the name of the tensor holding it. An op
+        (kilnet/deploy/onnx.py's `Emitter`); returns the name of the tensor holding it. An op
         without this method cannot be exported to ONNX, and export_onnx says so by name."""
         raise NotImplementedError
 

@@ -83,7 +83,7 @@ def scale_by_derivative(ctx, kind, z, n):
 
 
 def onnx_activation(e, x, kind, hint="act"):
-    """``kind`` applied to tensor ``x`` as ONNX operators (onnx_export.Emitter ``e``), each as
+    """``kind`` applied to tensor ``x`` as ONNX operators (kilnet.deploy.onnx.Emitter ``e``), each as
     symbolic.py defines it: leaky_relu's slope 0.01, elu's alpha 1, gelu in its exact erf form
     (the Gelu operator is opset 20), softplus as max(x, 0) + log(1 + exp(-|x|)) (no overflow).
     In float64, ONNX Runtime has no Erf kernel (gelu; 1.32 and 1.15): such a file is valid ONNX

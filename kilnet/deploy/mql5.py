@@ -38,9 +38,9 @@ import re
 
 import jinja2
 
-from . import export as bundle_mod
-from .errors import BundleError
-from .runtime import abi
+from . import bundle as bundle_mod, bundle_read
+from ..errors import BundleError
+from ..runtime import abi
 
 REFERENCE = {
     "CLContextCreate (CL_USE_ANY, CL_USE_GPU_DOUBLE_ONLY)":
@@ -218,7 +218,7 @@ def write(bundle, out):
     out = os.path.abspath(os.fspath(out))
     if os.path.isdir(out):
         raise BundleError(f"mql5: {out} is a folder; give the .mqh file to write")
-    doc = bundle_mod.read(bundle)
+    doc = bundle_read.read(bundle)
     stem = os.path.basename(out)[:-len(".mqh")]
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", stem):
         raise BundleError(f"mql5: the include's name {stem!r} may use letters, digits, _ . - only")

@@ -22,11 +22,11 @@ import tempfile
 
 import numpy as np
 
-from .errors import BundleError
-from .export import make_folder
-from .graph import get_op
-from .kernels.base import Op
-from .ops.activation import onnx_activation
+from ..errors import BundleError
+from .bundle import make_folder
+from ..graph import get_op
+from ..kernels.base import Op
+from ..ops.activation import onnx_activation
 
 OPSET = 17
 IR_VERSION = 8
