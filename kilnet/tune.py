@@ -31,11 +31,13 @@ from .errors import CompileError
 from .feeds import index_bounds
 from .model import Model
 from .policy import names as bufnames
+from .policy import schedule_table
 from .policy import schedule as sched
+from .policy.launch import Schedule
 from .policy.target import Target
-from .policy.vectors import pow2_at_least
 from .runtime import timing
 from .runtime.progress import Progress
+from .tune_space import STAGES, candidates, describe
 
 DEFAULT_BUDGET = 120.0     # seconds of tuning per model
 MIN_NOISE = 0.02           # a win smaller than 2 % is not worth a table entry
@@ -45,22 +47,6 @@ FIRST_ROUNDS = 3           # rounds after which a candidate ...
 CLEARLY_SLOWER = 1.25      # ... this much slower than the policy is dropped
 TOLERANCE = {"float32": 1e-4, "float64": 1e-10}   # of a buffer's largest value
 
-# Candidate shapes per family (filtered per launch; the policy's own is never a candidate).
-KVEC_BLOCKS = ((1, 4), (1, 8), (2, 2), (2, 3), (2, 4), (2, 5), (2, 8), (3, 3), (3, 4), (4, 1),
-               (4, 2), (4, 4), (4, 8), (6, 2), (6, 4), (8, 1), (8, 2), (8, 4))  # RM × RN vectors
-NVEC_BLOCKS = ((1, 2), (1, 4), (2, 2), (2, 4), (3, 2), (4, 1), (4, 2), (4, 3), (4, 4), (6, 1),
-               (6, 2), (6, 3), (8, 1), (8, 2), (12, 1))        # rows × vectors of columns
-ROW_CHOICES = (8, 16, 32, 64, 128, 256)      # rows a CPU product's work-item passes (in blocks)
-K_CHUNKS = (32, 64, 256, 512)                # ... and its k-chunk in the n-vector form
-VEC_LOCALS = ((1, 1, 1), (4, 1, 1), (8, 1, 1), (16, 1, 1), (32, 1, 1), (64, 1, 1), (8, 2, 1),
-              (4, 4, 1), (16, 2, 1))
-GPU_TILES = ((8, 32, 1, 1), (8, 64, 1, 2), (16, 16, 1, 1), (16, 16, 2, 2), (16, 32, 1, 2),
-             (32, 16, 2, 1), (32, 32, 2, 2), (32, 32, 4, 4), (32, 64, 2, 4), (64, 32, 4, 2),
-             (64, 64, 4, 4), (64, 64, 8, 4), (64, 64, 4, 8), (128, 64, 8, 4), (64, 128, 4, 8),
-             (128, 128, 8, 8))       # 256 work-items at most (the policy's limit on NVIDIA)
-SPLITS = (1, 2, 4, 8, 16)
-GROUPS = (4, 8, 16, 32, 64, 128, 256)
-
 
 @dataclass
 class Request:
@@ -69,7 +55,7 @@ class Request:
     kind: str
     ctype: str
     shape: dict
-    schedule: sched.Schedule
+    schedule: Schedule
 
 
 @dataclass(frozen=True)
@@ -89,7 +75,7 @@ class Row:
     keys: list                 # table keys of every launch that shares the kernel
     launches: list             # their launch names
     kind: str
-    default: sched.Schedule
+    default: Schedule
     default_ms: float
     best: dict = None          # the winning table entry, or None when the policy's stays
     best_ms: float = None
@@ -136,90 +122,6 @@ class Tuning:
         return "\n".join(out)
 
 
-def describe(kind, s):
-    """A schedule's tunable fields, e.g. ``block 6x2 local 16x1x1``."""
-    get = s.get if isinstance(s, dict) else lambda f: getattr(s, f)
-    parts = []
-    for f in sched.TUNABLE[kind]:
-        v = get(f)
-        if v is not None:
-            parts.append(f"{f} {'x'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}")
-    return " ".join(parts) or "policy"
-
-
-# -- candidates ---------------------------------------------------------------------------------
-def candidates(target, kind, default, shape, stage, best):
-    """Table entries to try for a launch of family ``kind`` whose policy schedule is ``default``:
-    stage 0 varies the family's main field; later stages (where there are any) its other
-    fields, on top of ``best`` (the earlier stages' winning entry, {} when the policy's won).
-    Entries the schedule checks refuse are skipped by the caller."""
-    out = []
-    if kind == "gemm_vec":
-        kvec, V = sched.kvec_form(shape, default), default.vector
-        if stage == 0:           # blocks of the policy's form; the other form, where there is one
-            for RM, RN in (KVEC_BLOCKS if kvec else NVEC_BLOCKS):
-                cols = shape["N"] if kvec else -(-shape["N"] // V)
-                if RM <= shape["M"] and RN <= cols:
-                    out.append({"block": [RM, RN]})
-            if shape["kvec"]:
-                out.append({"pack": not default.pack})
-        elif stage == 1:         # rows per work-item (whole blocks), and k-chunks
-            kvec, (RM, _) = _vec_form(target, shape, default, best)
-            out = [dict(best, rows=RM * -(-r // RM)) for r in ROW_CHOICES if r <= 2 * shape["M"]]
-            if not kvec:
-                out += [dict(best, depth=d) for d in K_CHUNKS]
-        elif stage == 2:
-            kvec, block = _vec_form(target, shape, default, best)
-            MC = best.get("rows") or sched.panel_rows(shape, kvec, block, V, target.compute_units,
-                                                      bool(best.get("pack", default.pack)))
-            gx, gy = sched.panel_columns(shape, kvec, block, V), -(-shape["M"] // MC)
-            out = [dict(best, local=list(loc)) for loc in VEC_LOCALS
-                   if loc[0] <= 2 * gx and loc[1] <= gy]
-    elif kind == "gemm":
-        if stage == 0:
-            M, N = shape["M"], shape["N"]
-            out = [{"tiles": list(t)} for t in GPU_TILES
-                   if (t[0] <= 16 or t[0] < 2 * M) and (t[1] <= 16 or t[1] < 2 * N)]
-            # sliced tiles (gemm_large.cl.j2's SL), each set of lanes over 32/SL k at a time
-            out += [{"tiles": list(sched.SLICED_TILES), "depth": sched.SLICED_DEPTH // sl,
-                     "sliced": sl} for sl in (2, 4) if M >= 64 and N >= 64]
-        elif stage == 1 and shape.get("splittable"):
-            out = [dict(best, split=s) for s in SPLITS if s <= max(1, shape["K"] // (8 * sched.TK))]
-    elif stage == 0 and kind == "gemv":
-        out = [{"local": [L, 1, 1]} for L in GROUPS if L >= 16 and L <= 2 * shape["K"]]
-    elif stage == 0 and kind == "column_sum":
-        cols, rows = shape["cols"], shape["rows"]
-        pairs = [(LX, 1) for LX in GROUPS if LX <= pow2_at_least(cols, 256)]
-        if target.kind == "gpu":
-            pairs = [(LX, LY) for LX in GROUPS for LY in (1, 2, 4, 8, 16)
-                     if LX * LY in (64, 128, 256) and LX <= 2 * cols and LY <= rows]
-        elif rows >= 64:      # tall and narrow (bias gradients): rows shared by LY lanes
-            pairs += [(8, 4), (16, 4), (8, 8)]
-        out = [{"local": list(p)} for p in pairs]
-    elif stage == 0 and kind == "recurrence":
-        out = [{"rows": r} for r in (1, 2, 4, 8, 16) if r <= shape["batch"]]
-        out += [{"cache": False}] if default.cache else []
-    elif stage == 0 and kind == "map":
-        dims = len(default.local)
-        out = [{"local": [L] + [1] * (dims - 1)} for L in GROUPS if L >= 8]
-    elif stage == 0 and kind == "vector_map":
-        out = [{"local": [L]} for L in (4, 8, 16, 32, 64, 128)]
-    own = {f: list(v) if isinstance(v, tuple) else v for f in sched.TUNABLE[kind]
-           for v in [getattr(default, f)]}
-    return [e for e in out if any(e.get(f, own[f]) != own[f] for f in own)]
-
-
-STAGES = {"gemm_vec": 3, "gemm": 2}
-
-
-def _vec_form(target, shape, default, best):
-    """(k-vector form?, block) of a CPU gemm under the entry ``best`` laid over ``default``."""
-    pack = best.get("pack", default.pack)
-    block = best.get("block") or (default.block if pack == default.pack else
-                                  sched.vec_block(target, shape, pack, default.vector))
-    return sched.kvec_form(shape, sched.Schedule(pack=pack)), tuple(block)
-
-
 # -- the tuner ----------------------------------------------------------------------------------
 def tune(model, budget=DEFAULT_BUDGET, only=None, path=None, write=True, log=None, seed=0):
     """Tune the schedules of ``model``'s launches on its device for about ``budget`` seconds
@@ -247,7 +149,7 @@ def tune(model, budget=DEFAULT_BUDGET, only=None, path=None, write=True, log=Non
     deadline = start + float(budget)
     base = replace(model.plan.target or Target.of(model.device, model.settings), schedules=None,
                    table=None)
-    path = path or sched.tuned_table_path(base, model.settings)
+    path = path or schedule_table.tuned_table_path(base, model.settings)
     session = _Session(model, base, seed)
     items = session.items(only)
     rows, entries, dropped = [], {}, []
@@ -270,7 +172,7 @@ def tune(model, budget=DEFAULT_BUDGET, only=None, path=None, write=True, log=Non
                 dropped += row.keys
     table = None
     if write and (entries or dropped):
-        table = sched.write_table(path, entries, dropped)
+        table = schedule_table.write_table(path, entries, dropped)
         log(f"wrote {len(entries)} entries to {path}")
     return Tuning(rows, entries, dropped, table, path if table is not None else None,
                   time.perf_counter() - start)
@@ -343,7 +245,7 @@ class _Session:
                                     for p in only):
                     continue
                 group = _group(seq, req)
-                key = sched.shaped_key(req.kind, req.ctype, req.shape)   # family at a shape
+                key = schedule_table.shaped_key(req.kind, req.ctype, req.shape)   # family at a shape
                 if key in items:
                     items[key].launches.append(req.name)
                 else:
@@ -453,9 +355,9 @@ class _Session:
 
     def candidate_plan(self, item, entry):
         """The plan with ``entry`` for ``item``'s launch; None when the checks refuse it."""
-        key = sched.shaped_key(item.request.kind, item.request.ctype, item.request.shape)
+        key = schedule_table.shaped_key(item.request.kind, item.request.ctype, item.request.shape)
         try:
-            return self.lower(replace(self.base, schedules=sched.parse_table({key: entry})))
+            return self.lower(replace(self.base, schedules=schedule_table.parse_table({key: entry})))
         except CompileError:
             return None
 

@@ -15,7 +15,7 @@ import numpy as np
 
 import kilnet as kn
 from kernel_check import KERNELS, exercise, main
-from kilnet.compiler import persistent
+from kilnet.compiler import plan_kernel as compiler_pk
 from kilnet.model import Model
 
 
@@ -56,13 +56,13 @@ def run():
 def plan_kernel_agrees(feeds, targets, steps=2):
     """As tests/oclgrind_plan_kernel.py checks its models: every launch a phase of the plan
     kernel, against the same plan's separate launches."""
-    os.environ["KILNET_PLAN_KERNEL"], waves = "1", persistent.APART_WAVES
-    persistent.APART_WAVES = 1 << 30
+    os.environ["KILNET_PLAN_KERNEL"], waves = "1", compiler_pk.APART_WAVES
+    compiler_pk.APART_WAVES = 1 << 30
     try:
         one = kn.compile(build(), batch=3, optimizer=kn.Adam(lr=1e-2), loss="mse", seed=4)
     finally:
         del os.environ["KILNET_PLAN_KERNEL"]
-        persistent.APART_WAVES = waves
+        compiler_pk.APART_WAVES = waves
     assert one.plan.plan_kernel is not None and one._exec.submit.name == "plan kernel"
     two = Model(one.plan, one.device, seed=4)
     two._exec.submit = two._exec.submit.inner

@@ -1,4 +1,4 @@
-"""The plan kernel (compiler/persistent.py) run, and checked against separate launches of the
+"""The plan kernel (compiler/plan_kernel.py) run, and checked against separate launches of the
 same plan; tests/test_oclgrind.py runs this script under Oclgrind, and on a GPU it runs as it is
 (`KILNET_DEVICE=nvidia python tests/oclgrind_plan_kernel.py`; benchmarks/results has the H200's).
 
@@ -23,15 +23,15 @@ import numpy as np
 import kilnet as kn
 from kernel_check import FORMS, KERNELS, main
 from kilnet.model import Model
-from kilnet.compiler import persistent
+from kilnet.compiler import plan_kernel as compiler_pk
 from kilnet.runtime import plan_kernel
 from kilnet.runtime.device import select
 from plan_kernel_models import MODELS, qnet_like, wide_loss
 
 os.environ["KILNET_PLAN_KERNEL"] = "1"
 # Oclgrind has one compute unit, so launches of more than a few work-groups would run apart
-# (persistent.APART_WAVES): keep every launch a phase, so that every body runs in phase form.
-persistent.APART_WAVES = 1 << 30
+# (compiler_pk.APART_WAVES): keep every launch a phase, so that every body runs in phase form.
+compiler_pk.APART_WAVES = 1 << 30
 ORACLE = "oclgrind" in select(None).platform.name.lower()      # the device models run on
 
 
@@ -88,7 +88,7 @@ def inspect_plan_kernel():
                     "    return g\n")
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            assert cli.main(["inspect", path, "--batch", "2", "--kernel", persistent.NAME]) == 0
+            assert cli.main(["inspect", path, "--batch", "2", "--kernel", compiler_pk.NAME]) == 0
     text = out.getvalue()
     assert text.startswith("// plan kernel kl_plan: ") and "__kernel" in text, text[:400]
     assert "void kl_plan(" in text and "/* stage 0 */" in text

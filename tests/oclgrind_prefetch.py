@@ -2,7 +2,7 @@
 prefetch_slice: Intel's runtime at 64-byte vectors, forced here with KILNET_CPU_PRODUCTS) once
 on odd sizes; tests/test_oclgrind.py runs this under Oclgrind.
 
-The weights are just big enough to prefetch (schedule.PREFETCH_MIN elements): a forward in the
+The weights are just big enough to prefetch (cpu_gemm.PREFETCH_MIN elements): a forward in the
 k-vector form, and input and an input gradient in the n-vector form with k in chunks, with a last
 panel of B that is partly past the edge (weight gradients read activations, too few to prefetch). Oclgrind does not check a prefetch's address; the
 script asserts that each prefetching kernel computes its products right (a finite-difference
@@ -19,14 +19,14 @@ import sys
 import numpy as np
 
 import kilnet as kn
-from kilnet.policy import schedule
+from kilnet.policy import cpu_gemm
 from kernel_check import KERNELS
 
 
 def run():
     os.environ.update(KILNET_TARGET="cpu", KILNET_VECTOR_BYTES="64", KILNET_CPU_PRODUCTS="intel/64")
     n_in, n_out, B = 520, 510, 13              # 520·510 ≥ PREFETCH_MIN; 520 = 16·32 + 8
-    assert n_in * n_out >= schedule.PREFETCH_MIN
+    assert n_in * n_out >= cpu_gemm.PREFETCH_MIN
     g = kn.Graph("oclgrind_prefetch")
     x = g.input("x", (n_in,))
     g.output("y", kn.dense(kn.dense(x, n_out), n_in))
@@ -53,18 +53,18 @@ def run():
 
 def attention(U=9, heads=2, key_dim=3):
     # the least batch whose Pᵀ·dO (batch·heads products of U × 2U) prefetches
-    batch = -(-schedule.PREFETCH_MIN // (heads * U * 2 * U))
+    batch = -(-cpu_gemm.PREFETCH_MIN // (heads * U * 2 * U))
     g = kn.Graph("oclgrind_prefetch_a")
     g.output("y", kn.graph_attention(g.input("x", (U, 4)), heads, key_dim, name="att"))
-    entry = schedule.CPU_PRODUCTS["intel/64"]
+    entry = cpu_gemm.CPU_PRODUCTS["intel/64"]
     models = []
     for prefetch in (True, False):
-        schedule.CPU_PRODUCTS["intel/64"] = dataclasses.replace(entry, prefetch=prefetch)
+        cpu_gemm.CPU_PRODUCTS["intel/64"] = dataclasses.replace(entry, prefetch=prefetch)
         try:
             models.append(kn.compile(g, batch=batch, loss="mse", dtype="float64", seed=0,
                                      debug_buffers=True, poison=True))
         finally:
-            schedule.CPU_PRODUCTS["intel/64"] = entry
+            cpu_gemm.CPU_PRODUCTS["intel/64"] = entry
     pre = [k for k in models[0].kernels if "prefetch(a + A_IDX(" in models[0].plan.sources[k.kernel]]
     assert {k.name for k in pre} == {"att.backward_v"}, [k.name for k in pre]
     rng = np.random.default_rng(1)

@@ -1,7 +1,7 @@
 """Checks that the declarations every fast path trusts are true, by running (issue 29).
 
 A plan's launches declare, per pointer argument, an arena range and an access (in, out, inout).
-The plan kernel's merged stages (compiler/persistent.py) put launches whose ranges do not
+The plan kernel's merged stages (compiler/plan_kernel.py) put launches whose ranges do not
 conflict into one stage, where they run in any order and at once. Two checks make a wrong
 declaration fail on any device, without a GPU:
 

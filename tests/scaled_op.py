@@ -54,7 +54,7 @@ class Scaled(Op):
         return [Param("scale", (1,), "ones")]
 
     def preactivation(self, node):
-        return keeps_preactivation(node)      # ("tanh", "z") with an activation, else None
+        return keeps_preactivation(node)      # (DerivKind("tanh"), "z") with an activation, else None
 
     def forward(self, node, ctx):
         n = ctx.batch * node.size

@@ -10,7 +10,8 @@ import pytest
 
 import kilnet as kn
 from kilnet import settings
-from kilnet.policy import schedule
+from kilnet.policy import cpu_gemm
+from kilnet.policy.schedule_table import load_table
 from kilnet.policy.target import Target, vector_bytes_of
 from kilnet.runtime.device import select
 from devices_here import CPU_IMPLEMENTATIONS
@@ -28,7 +29,7 @@ def tabled(tmp_path, table, impl="intel"):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
     t = Target("cpu", implementation=impl, compute_units=2,
-               schedules=schedule.load_table(str(path)))
+               schedules=load_table(str(path)))
     return lambda name, M, N, K, kvec: t.schedule("gemm_vec", name, M=M, N=N, K=K, batch=1,
                                                   kvec=kvec)
 
@@ -62,7 +63,7 @@ def test_pocl_keeps_its_blocks_and_other_implementations_take_them():
 
 
 def test_groups_shrink_to_the_launch(monkeypatch):
-    monkeypatch.setattr(schedule, "PAD_WASTE", float("inf"))     # the implementation's blocks
+    monkeypatch.setattr(cpu_gemm, "PAD_WASTE", float("inf"))     # the implementation's blocks
     # 37 columns are 5 vectors, 3 work-items of 2 vectors: a group of 4 along n at most
     assert gemm_vec("intel", 13, 37, False).local == (4, 1, 1)
     assert gemm_vec("intel", 13, 16, False).local == (1, 1, 1)
@@ -79,9 +80,9 @@ def test_every_unit_gets_a_group():
 
 
 def test_a_short_k_packs_b_and_takes_the_n_vector_form():
-    s = gemm_vec("intel", 2048, 64, True, K=schedule.PACK_K)
+    s = gemm_vec("intel", 2048, 64, True, K=cpu_gemm.PACK_K)
     assert (s.pack, s.block, s.depth) == (True, (6, 2), 128)
-    s = gemm_vec("intel", 2048, 64, True, K=schedule.PACK_K + 1)
+    s = gemm_vec("intel", 2048, 64, True, K=cpu_gemm.PACK_K + 1)
     assert (s.pack, s.block, s.depth) == (False, (2, 4), None)
     assert gemm_vec("intel", 2048, 64, False, K=16).pack is None      # B runs along n already
 
@@ -89,12 +90,12 @@ def test_a_short_k_packs_b_and_takes_the_n_vector_form():
 def test_a_block_that_pads_a_small_product_gives_way():
     # W1's conv weight gradients at batch 256: 6×2 blocks would compute 36 × 96 and 36 × 48
     s = gemm_vec("intel", 32, 96, False, K=8704)
-    assert (s.block, s.depth) == ((4, 3), schedule.SMALL_KC)
+    assert (s.block, s.depth) == ((4, 3), cpu_gemm.SMALL_KC)
     assert gemm_vec("intel", 32, 36, False, K=8704).block == (8, 1)
     # ... but not a product that 6×2 fits within PAD_WASTE, nor the k-vector form
     s = gemm_vec("intel", 64, 1000, False, K=1000)
-    assert (s.block, s.depth) == ((6, 2), schedule.KC)
-    assert gemm_vec("intel", 32, 96, True, K=8704).block == schedule.CPU_PRODUCTS["intel"].kvec
+    assert (s.block, s.depth) == ((6, 2), cpu_gemm.KC)
+    assert gemm_vec("intel", 32, 96, True, K=8704).block == cpu_gemm.CPU_PRODUCTS["intel"].kvec
 
 
 def test_batch_entries_count_as_work_items_for_the_rows():
@@ -149,23 +150,23 @@ def test_the_vector_is_the_devices_native_register(monkeypatch):
     s = gemm_vec("intel", 64, 1000, True, vector_bytes=64)
     assert (s.block, s.vector) == ((4, 4), 16)
     assert gemm_vec("intel", 64, 1000, True, "double", vector_bytes=64).vector == 8
-    assert gemm_vec("intel", 64, 1000, True).block == schedule.CPU_PRODUCTS["intel"].kvec == (2, 4)
+    assert gemm_vec("intel", 64, 1000, True).block == cpu_gemm.CPU_PRODUCTS["intel"].kvec == (2, 4)
     assert gemm_vec("pocl", 64, 1000, True, vector_bytes=64).block == \
-        schedule.CPU_PRODUCTS["pocl"].kvec
+        cpu_gemm.CPU_PRODUCTS["pocl"].kvec
 
 
 def test_b_is_packed_only_for_panels_of_enough_rows():
     # W2's 64×64 by 64 products at batch 1: with 16-float vectors the 8 work-items a launch
     # needs get panels of 18 rows, too few to pay for the packing; with 8-float ones, 36
     small = gemm_vec("intel", 64, 64, True, K=64, vector_bytes=64)
-    assert (small.pack, small.block) == (False, schedule.CPU_PRODUCTS["intel/64"].kvec)
+    assert (small.pack, small.block) == (False, cpu_gemm.CPU_PRODUCTS["intel/64"].kvec)
     assert gemm_vec("intel", 64, 64, True, K=64).pack
     big = gemm_vec("intel", 2048, 64, True, K=64, vector_bytes=64)
-    assert big.pack and big.rows >= schedule.PACK_MIN_ROWS
+    assert big.pack and big.rows >= cpu_gemm.PACK_MIN_ROWS
 
 
 def test_intel_accumulates_with_fma_and_pocl_with_the_contracted_product():
-    assert schedule.CPU_PRODUCTS["intel"].fma and not schedule.CPU_PRODUCTS["pocl"].fma
+    assert cpu_gemm.CPU_PRODUCTS["intel"].fma and not cpu_gemm.CPU_PRODUCTS["pocl"].fma
 
 
 @pytest.mark.parametrize("entry, field", [({"block": [6, 2], "rows": 20}, "rows"),
@@ -208,7 +209,7 @@ def test_dense_products_match_numpy(implementation, dtype, batch, n_in, n_out):
     g.output("y", kn.dense(g.input("x", (n_in,)), n_out))
     m = kn.compile(g, batch=batch, loss="mse", dtype=dtype, input_grads=True, seed=2)
     target = Target.of(select(None))
-    cpu = schedule.cpu_products(target)
+    cpu = cpu_gemm.cpu_products(target)
     sizes = {k.name: tuple(k.local_size) for k in m.kernels}
     # the device's own vector: 8 floats with AVX2, 16 with AVX-512
     vector_bytes = target.vector_bytes
@@ -291,9 +292,9 @@ def test_vector_epilogue_matches_numpy(implementation, monkeypatch, tmp_path, ac
 def test_a_product_whose_a_runs_along_m_takes_shorter_k_chunks(monkeypatch, tmp_path):
     t = Target("cpu", implementation="intel", compute_units=2)
     shape = dict(M=256, N=64, K=2048, batch=1, kvec=False)
-    assert t.schedule("gemm_vec", "p", "float", **shape).depth == schedule.KC
+    assert t.schedule("gemm_vec", "p", "float", **shape).depth == cpu_gemm.KC
     assert t.schedule("gemm_vec", "p", "float", a_along_m=True, **shape).depth == \
-        schedule.A_ALONG_M_KC < schedule.KC
+        cpu_gemm.A_ALONG_M_KC < cpu_gemm.KC
     # the op says which: a dense layer's weight gradient (dzᵀ·x) reads dz along m
     monkeypatch.setenv("KILNET_TARGET", "cpu")
     monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
@@ -302,8 +303,8 @@ def test_a_product_whose_a_runs_along_m_takes_shorter_k_chunks(monkeypatch, tmp_
     g.output("y", kn.dense(g.input("x", (64,)), 256))
     m = kn.compile(g, batch=2048, loss="mse", input_grads=True)
     src = {k.name: m.plan.sources[k.kernel] for k in m.kernels}
-    assert f"kc += {schedule.A_ALONG_M_KC}) {{" in src["dense_1.backward_weight"]
-    assert f"kc += {schedule.KC}) {{" in src["dense_1.backward_input"]
+    assert f"kc += {cpu_gemm.A_ALONG_M_KC}) {{" in src["dense_1.backward_weight"]
+    assert f"kc += {cpu_gemm.KC}) {{" in src["dense_1.backward_input"]
 
 
 def test_projections_of_one_input_run_as_one_launch_on_cpus(monkeypatch):
@@ -377,8 +378,8 @@ def test_batched_products_with_a_along_m_from_memory_prefetch_each_chunk_of_a(mo
             else "prefetch(a + A_IDX("
         return {k.name for k in m.kernels if line in m.plan.sources[k.kernel]}
     # A over the launch: Pᵀ·dO's batch·heads products of U × 2U (both score sets), dSᵀ·Q's U × U
-    v_min = -(-schedule.PREFETCH_MIN // (heads * U * 2 * U))
-    k_min = -(-schedule.PREFETCH_MIN // (heads * U * U))
+    v_min = -(-cpu_gemm.PREFETCH_MIN // (heads * U * 2 * U))
+    k_min = -(-cpu_gemm.PREFETCH_MIN // (heads * U * U))
     assert chunk_prefetches("intel/64", v_min - 1) == set()
     assert chunk_prefetches("intel/64", v_min) == {"att.backward_v"}
     assert chunk_prefetches("intel/64", k_min) == {"att.backward_v", "att.backward_k"}
@@ -399,7 +400,7 @@ def test_a_weight_gradient_into_few_outputs_splits_k_over_idle_units():
     assert split_of(16, 32768) == 1                              # not a contiguous M×N block
     # only where a work-item has SPLIT_MIN_ITEM_MACS multiply-adds or more to do (here 32 × k),
     # in slices of SPLIT_MIN_MACS or more that divide k
-    assert (schedule.SPLIT_MIN_ITEM_MACS, schedule.SPLIT_MIN_MACS) == (32 * 16384, 64 * 4096)
+    assert (cpu_gemm.SPLIT_MIN_ITEM_MACS, cpu_gemm.SPLIT_MIN_MACS) == (32 * 16384, 64 * 4096)
     assert split_of(16, 16384, splittable=True) == 4
     assert split_of(16, 16382, splittable=True) == 1
     assert split_of(16, 8191 * 3, splittable=True) == 3          # 3 · 8191 (prime)
@@ -408,7 +409,7 @@ def test_a_weight_gradient_into_few_outputs_splits_k_over_idle_units():
 def test_a_tall_weight_gradient_splits_k_into_slices_that_fit_the_cache():
     # W5's 64 × 64 weight gradients over 16384 rows (batch 256) on 2 cores: slices of 2048 rows
     # of both operands (128 floats a row: SPLIT_CACHE_BYTES)
-    assert (schedule.SPLIT_CACHE_BYTES, schedule.SPLIT_TALL) == (1 << 20, 100)
+    assert (cpu_gemm.SPLIT_CACHE_BYTES, cpu_gemm.SPLIT_TALL) == (1 << 20, 100)
     assert split_of(2, 16384, M=64, N=64, splittable=True) == 8
     assert split_of(2, 16384 * 3, M=64, N=64, splittable=True) == 24      # the least that fits
     assert split_of(2, 12800, M=64, N=64, splittable=True) == 8            # K = 100 · (M + N)
@@ -421,7 +422,7 @@ def test_a_split_override_that_does_not_fit_is_refused(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"p": {"split": 3}}))
     t = Target("cpu", implementation="intel", compute_units=2,
-               schedules=schedule.load_table(str(path)))
+               schedules=load_table(str(path)))
     shape = dict(M=5, N=64, batch=1, kvec=False)
     assert t.schedule("gemm_vec", "p", K=999, splittable=True, **shape).split == 3
     for why, bad in (("divides its k = 1000", dict(shape, K=1000, splittable=True)),

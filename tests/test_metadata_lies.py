@@ -3,7 +3,7 @@ that covers it must fail (issue 29). Which check covers which transformation:
 
 | transformation | what it trusts | the check that fails when it lies |
 |---|---|---|
-| the plan kernel's merged stages (compiler/persistent.py) | each launch's argument ranges and access | stages run in any order, and launches confined to their ranges (test_plan_checks.py; under Oclgrind: oclgrind_extents.py); planted: the optimizer's range, a concat slice's |
+| the plan kernel's merged stages (compiler/plan_kernel.py) | each launch's argument ranges and access | stages run in any order, and launches confined to their ranges (test_plan_checks.py; under Oclgrind: oclgrind_extents.py); planted: the optimizer's range, a concat slice's |
 | poisoning rewritten buffers (lower._written_first) | "out": every element written, none read first | the extents check's unwritten-element test (test_plan_checks.py) |
 | the activation-derivative fusion (compiler/fusion.py) | ``Op.applies_input_derivative``, ``Op.preactivation`` | gradients against finite differences (below) |
 | the weight gradient formed in the update (``Op.outer_gradients``) | its dz, x and rows | train_step against the stored gradients' (below); its ranges by the extents check |

@@ -1,7 +1,7 @@
 """Every fast path equal to the plain one (issue 29), checked by running on the CPU device.
 
 The plan kernel's merged stages run launches together that declare no conflicting ranges
-(compiler/persistent.py). tests/plan_checks.py runs each plan's stages in program order,
+(compiler/plan_kernel.py). tests/plan_checks.py runs each plan's stages in program order,
 reversed and shuffled, and with every launch confined to its declared ranges; the bits must not
 change. Here: the two graphs that trained wrong on an H200, fuzzed graphs (the seed comes from
 the commit: tests/conftest.py), the corpus of graphs that once failed, planted wrong

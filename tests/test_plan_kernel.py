@@ -1,4 +1,4 @@
-"""The plan kernel (compiler/persistent.py): how a plan becomes one, and what refuses one.
+"""The plan kernel (compiler/plan_kernel.py): how a plan becomes one, and what refuses one.
 
 Running it, against separate launches of the same plan, is tests/oclgrind_plan_kernel.py:
 test_oclgrind.py runs it under Oclgrind (one work-group), and it ran on an H200 (many)."""
@@ -50,8 +50,8 @@ def test_a_launch_that_needs_another_group_runs_apart(monkeypatch, tmp_path):
     table = tmp_path / "table.json"
     table.write_text(json.dumps({"softmax_1.forward": {"local": [64]}}))
     monkeypatch.setenv("KILNET_SCHEDULES", str(table))
-    from kilnet.policy import schedule
-    plan = plan_of(qnet_like, replace(GPU, schedules=schedule.load_table(str(table))))
+    from kilnet.policy.schedule_table import load_table
+    plan = plan_of(qnet_like, replace(GPU, schedules=load_table(str(table))))
     pk = plan.plan_kernel
     assert pk.apart == {"softmax_1.forward": "needs work-groups of 64"}
     assert "softmax_1.forward (needs work-groups of 64)" in pk.describe()
@@ -101,7 +101,7 @@ def test_stages_of_one_phase_each_without_merging():
 def test_launches_of_many_work_groups_run_apart():
     """A launch of more than APART_WAVES work-groups per compute unit runs as its own launch
     (the plan kernel holds one work-group per unit); the rest stay phases."""
-    from kilnet.compiler import persistent
+    from kilnet.compiler import plan_kernel as compiler_pk
     small = replace(GPU, compute_units=2)
     plan = plan_of(qnet_like, small, batch=64)
     pk = plan.plan_kernel
@@ -113,7 +113,7 @@ def test_launches_of_many_work_groups_run_apart():
         if la.name in pk.apart:
             assert pk.apart[la.name] == f"{groups} work-groups: a launch of its own runs more " \
                                         f"of them at once"
-            assert groups > persistent.APART_WAVES * small.compute_units
+            assert groups > compiler_pk.APART_WAVES * small.compute_units
     assert not plan_of(qnet_like, GPU, batch=64).plan_kernel.apart     # 132 units: none
 
 

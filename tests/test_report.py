@@ -15,7 +15,7 @@ import pytest
 
 import kilnet as kn
 from kilnet import report
-from kilnet.compiler import persistent
+from kilnet.compiler import plan_kernel as compiler_pk
 from kilnet.profile import WHOLE_STEP, Profile
 
 import random_graphs as rg
@@ -199,12 +199,12 @@ def test_rows_name_the_plan_kernel_stage_or_why_a_launch_runs_apart(spirals, tmp
     launches = spirals.kernels
     apart = launches[-1].name
     members = [la for la in launches if la.name != apart]
-    pk = persistent.PlanKernel(persistent.NAME, 64, sorted(spirals.plan.arenas))
+    pk = compiler_pk.PlanKernel(compiler_pk.NAME, 64, sorted(spirals.plan.arenas))
     for la in members:
         pk.index[la.name] = len(pk.members)
-        pk.members[la.name] = persistent.Member(la.name, la.kernel, 1, (64, 1, 1), (64, 1, 1), False)
+        pk.members[la.name] = compiler_pk.Member(la.name, la.kernel, 1, (64, 1, 1), (64, 1, 1), False)
     pk.apart[apart] = "a test's reason"
-    pk.stages = persistent.stages(members)
+    pk.stages = compiler_pk.stages(members)
     assert 1 < len(pk.stages) < len(members)        # some stages hold several launches
     m = copy.copy(spirals)
     m.plan = dataclasses.replace(spirals.plan, plan_kernel=pk)

@@ -7,7 +7,7 @@ import pytest
 
 import kilnet as kn
 from kilnet import settings
-from kilnet.policy import schedule
+from kilnet.policy import schedule, schedule_table
 from kilnet.policy.target import Target
 from kilnet.runtime.device import select
 
@@ -85,11 +85,11 @@ def test_no_table_keeps_the_policy(monkeypatch, tmp_path):
     monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
     s = settings.read()
     t = Target("cpu", name="Some CPU", implementation="pocl")
-    assert schedule.table_path(t, s) is None
+    assert schedule_table.table_path(t, s) is None
     (tmp_path / "schedules").mkdir()
     per_device = tmp_path / "schedules" / "pocl-some-cpu.json"
     per_device.write_text("{}")
-    assert schedule.table_path(t, s) == str(per_device)
+    assert schedule_table.table_path(t, s) == str(per_device)
 
 
 @pytest.mark.parametrize("table, words", [
@@ -132,7 +132,7 @@ def test_bad_gpu_entry_is_refused(monkeypatch, tmp_path, table, words):
 def test_shape_key_wins_over_launch_name_over_family(monkeypatch, tmp_path):
     """What `kilnet tune` writes (launch name at one shape) applies at that shape only; the plain
     launch name and then the family apply elsewhere."""
-    at7 = schedule.shaped_key("dense_1.forward", "double",
+    at7 = schedule_table.shaped_key("dense_1.forward", "double",
                               {"M": 7, "N": 37, "K": 42, "batch": 1, "kvec": True})
     assert at7 == "dense_1.forward@double:K=42,M=7,N=37,batch=1,kvec=1"
     table = {at7: {"local": [4, 1, 1]}, "dense_1.forward": {"local": [2, 1, 1]},

@@ -16,6 +16,8 @@ import kilnet as kn
 from kilnet import settings
 from kilnet import tune
 from kilnet.policy import schedule as sched
+from kilnet.policy import schedule_table
+from kilnet.policy.launch import Schedule
 from kilnet.policy.target import Target
 
 from test_cli import run_cli
@@ -50,7 +52,7 @@ def table(tmp_path, monkeypatch):
     monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
     m = build(batch=2)
-    return pathlib.Path(sched.tuned_table_path(m.plan.target, m.settings))
+    return pathlib.Path(schedule_table.tuned_table_path(m.plan.target, m.settings))
 
 
 @pytest.fixture
@@ -61,7 +63,7 @@ def slow_policy(monkeypatch):
     def slow(target, kind, ctype="float", **shape):
         s = real(target, kind, ctype, **shape)
         if kind == "gemm_vec":
-            return sched.Schedule(block=(1, 1), vector=s.vector, local=(1, 1, 1), rows=1,
+            return Schedule(block=(1, 1), vector=s.vector, local=(1, 1, 1), rows=1,
                                   depth=s.depth)
         return s
     monkeypatch.setattr(sched, "policy", slow)
@@ -85,11 +87,11 @@ def test_tuned_table_is_read_by_a_fresh_compile_and_keeps_results(table, slow_po
     [row] = result.rows
     assert row.best == {"block": [4, 4]} and row.speedup > 1 + row.noise, result.report()
     # keyed by kernel family and shape, not by launch name
-    key = sched.shaped_key("gemm_vec", "float", {"M": 32, "N": 256, "K": 384, "batch": 1,
+    key = schedule_table.shaped_key("gemm_vec", "float", {"M": 32, "N": 256, "K": 384, "batch": 1,
                                                  "kvec": True})
     assert key.startswith("gemm_vec@float:")
     assert result.path == str(table) and list(result.entries) == [key]
-    assert sched.load_table(str(table))[key] == sched.Schedule(block=(4, 4))
+    assert schedule_table.load_table(str(table))[key] == Schedule(block=(4, 4))
     after = build()                                       # reads the device's table
     launch = next(la for la in after.kernels if la.name == LAUNCH)
     old = next(la for la in before.kernels if la.name == LAUNCH)
@@ -178,17 +180,16 @@ def test_every_cpu_form_candidate_computes_the_same(table):
 def test_write_merges_and_a_failed_write_leaves_the_old_table(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"gemm": {"tiles": [32, 32, 2, 2]}, "old.forward": {"local": [8]}}))
-    merged = sched.write_table(str(path), {"new.forward": {"local": [16]}}, drop=["old.forward"])
+    merged = schedule_table.write_table(str(path), {"new.forward": {"local": [16]}}, drop=["old.forward"])
     assert merged == json.loads(path.read_text()) == {"gemm": {"tiles": [32, 32, 2, 2]},
                                                       "new.forward": {"local": [16]}}
     before = path.read_text()
 
-    def dies_half_way(obj, f, **kw):
-        f.write('{"new.forward": {"loc')
+    def dies_before_the_rename(fd):       # the new table written whole, not yet in place
         raise KeyboardInterrupt
-    monkeypatch.setattr(sched.json, "dump", dies_half_way)
+    monkeypatch.setattr(os, "fsync", dies_before_the_rename)
     with pytest.raises(KeyboardInterrupt):
-        sched.write_table(str(path), {"other.forward": {"local": [32]}})
+        schedule_table.write_table(str(path), {"other.forward": {"local": [32]}})
     assert path.read_text() == before
     assert os.listdir(tmp_path) == ["t.json"]             # no temporary file left behind
 
@@ -197,11 +198,11 @@ def test_a_bad_existing_table_or_entry_is_not_overwritten(tmp_path):
     path = tmp_path / "t.json"
     path.write_text("{not json")
     with pytest.raises(kn.CompileError, match="cannot be read to merge into"):
-        sched.write_table(str(path), {"a.forward": {"local": [16]}})
+        schedule_table.write_table(str(path), {"a.forward": {"local": [16]}})
     assert path.read_text() == "{not json"
     path.write_text("{}")
     with pytest.raises(kn.CompileError, match="'a.forward'"):
-        sched.write_table(str(path), {"a.forward": {"local": 16}})
+        schedule_table.write_table(str(path), {"a.forward": {"local": 16}})
     assert path.read_text() == "{}"
 
 
@@ -284,18 +285,18 @@ def test_table_key_has_the_driver_and_older_tables_still_apply(tmp_path, monkeyp
     monkeypatch.delenv("KILNET_SCHEDULES", raising=False)
     s = settings.read()
     t = Target("cpu", name="Some CPU", implementation="intel", driver="2026.22.10.0.01_160000")
-    assert sched.device_key(t) == "intel-some-cpu-2026-22-10-0-01-160000"
-    assert sched.device_key(t, driver=False) == "intel-some-cpu"
+    assert schedule_table.device_key(t) == "intel-some-cpu-2026-22-10-0-01-160000"
+    assert schedule_table.device_key(t, driver=False) == "intel-some-cpu"
     folder = tmp_path / "schedules"
-    assert sched.table_path(t, s) is None
-    assert sched.tuned_table_path(t, s) == str(folder / "intel-some-cpu-2026-22-10-0-01-160000.json")
+    assert schedule_table.table_path(t, s) is None
+    assert schedule_table.tuned_table_path(t, s) == str(folder / "intel-some-cpu-2026-22-10-0-01-160000.json")
     folder.mkdir()
     (folder / "intel-some-cpu.json").write_text("{}")        # written before driver keys
-    assert sched.table_path(t, s) == str(folder / "intel-some-cpu.json")
+    assert schedule_table.table_path(t, s) == str(folder / "intel-some-cpu.json")
     (folder / "intel-some-cpu-2026-22-10-0-01-160000.json").write_text("{}")
-    assert sched.table_path(t, s) == sched.tuned_table_path(t, s)
+    assert schedule_table.table_path(t, s) == schedule_table.tuned_table_path(t, s)
     other = Target("cpu", name="Some CPU", implementation="intel", driver="2027.1")
-    assert sched.table_path(other, s) == str(folder / "intel-some-cpu.json")
+    assert schedule_table.table_path(other, s) == str(folder / "intel-some-cpu.json")
 
 
 def test_device_target_carries_the_driver_version():
@@ -325,7 +326,7 @@ def test_an_entry_the_policy_now_beats_is_removed_and_others_kept(table, monkeyp
     work-item, groups of one): the policy wins, so the launch's old entry goes; the rest of the
     table stays."""
     model = build()
-    key = sched.shaped_key("gemm_vec", "float", {"M": 32, "N": 256, "K": 384, "batch": 1,
+    key = schedule_table.shaped_key("gemm_vec", "float", {"M": 32, "N": 256, "K": 384, "batch": 1,
                                                  "kvec": True})
     table.parent.mkdir(parents=True)
     table.write_text(json.dumps({key: {"block": [1, 1]}, "other.forward": {"local": [8]}}))

@@ -5,131 +5,29 @@ The backward schedule walks the forward one in reverse. Each value's gradient ha
 read by several consumers gets the sum without a zeroing pass. A node's backward runs only if its
 output received a gradient, and an input gradient is computed only where something upstream
 wants it (a parameter, or a graph input when ``input_grads`` is asked for).
+
+Each op's methods see the lowering through a ``Context`` (compiler/context.py).
 """
 import copy
 import dataclasses
+from math import prod
 
-from ..errors import CompileError, DeadBranchWarning, GraphError, warn_caller
-from ..kernels.base import Collective, Use, inout, kernel, op_kinds, out, spanning
-from ..kernels.losses import (ELEMENTWISE, check as check_loss, elementwise_loss, finite_check,
-                              parts)
+from ..errors import CompileError, DeadBranchWarning, warn_caller
+from ..kernels.base import GUARD_ARG, Collective, Use, inout, kernel, out, spanning
+from ..kernels.losses import check_spec as check_loss_spec  # noqa: F401  (lower.check_loss_spec)
+from ..kernels.losses import elementwise_loss, finite_check, parts
 from ..ops import get_op
 from ..policy import memory, names
 from ..policy.dtypes import CTYPE
-from ..runtime import abi
+from ..policy.kinds import GUARDED, Family, Phase, Role
 from ..policy.plan import Arg, HostStep, Launch, Plan, ScalarArg
 from ..policy.schedule import OUTER_UPDATE_ROWS, UPDATE_SUM_ROWS
 from ..policy.target import GPU
-from . import persistent, render, resident, summed_updates
-from .fusion import fold_sums, folded, fuse_activation_derivatives, grad_writers, inputs_of, root
+from ..runtime import abi
+from . import plan_kernel, render, resident, summed_updates
+from .context import Context
+from .fusion import fold_sums, folded, fuse_activation_derivatives, grad_writers, root
 from .render import Renderer
-
-
-# Phases whose launches change the model's state (parameters, moments, statistics): guarded by
-# names.STEP_OK in training plans.
-GUARDED = ("update_state", "optimizer")
-
-
-class Context:
-    """What an op's lowering sees: names of the buffers it may use."""
-
-    def __init__(self, lowering, node, training, suffix=""):
-        self._l, self.node, self.training, self._suffix = lowering, node, training, suffix
-        # ctype: the OpenCL C type ("float" | "double") kernels are rendered with (the plan's
-        # dtype is "float32" | "float64"; policy/dtypes.py)
-        self.batch, self.ctype, self.target = lowering.batch, lowering.ctype, lowering.target
-        self.ranks = lowering.ranks          # data-parallel ranks (batch is per rank)
-        self._dx, self._acc = {}, {}
-        # what the node's launches read as inputs: the folded add's terms where it has them
-        self.inputs = inputs_of(node)
-
-    def x(self, i):
-        return self._l.value_buffer(self.inputs[i])
-
-    def schedule(self, step, kind="map", **shape):
-        """The target's schedule (policy/schedule.py) of this node's launch ``step``."""
-        return self.target.schedule(kind, f"{self.node.name}.{step}{self._suffix}", self.ctype,
-                                    **shape)
-
-    @property
-    def y(self):
-        return self._l.value_buffer(self.node)
-
-    def p(self, name):
-        return self._l.param_buffer(self.node, name)
-
-    def dp(self, name):
-        return names.grad(f"{self.node.name}.{name}")
-
-    def gradient_phase(self, grad):
-        """"gradient" when train_step's optimizer forms the parameter gradient ``grad`` itself
-        (`Lowering.outer`): the launches that store it then run only for ``gradients()``.
-        None otherwise (they run in the op's own phase)."""
-        return "gradient" if grad in self._l.outer else None
-
-    def s(self, name):
-        return f"{self.node.name}.{name}"
-
-    def scratch(self, key, size):
-        return self._l.buffer(names.scratch(self.node.name, key), "scratch", size)
-
-    def step_scalars(self):
-        """The plan's scalar buffer (names.SCALARS; runtime/abi.STEP_SCALARS), which every run
-        of a training step, ``gradients`` and ``evaluate`` writes first: a kernel that reads the
-        step number takes it as an argument."""
-        return self._l.buffer(names.SCALARS, "scalar", len(abi.STEP_SCALARS))
-
-    @property
-    def dy(self):
-        return self._l.grad_buffer(self.node)
-
-    def receive_gradient(self, i, buffer, accumulate):
-        """The lowering's decision for input i: its gradient goes to ``buffer``, added to what an
-        earlier consumer wrote there (``accumulate``) or overwriting it (the first writer)."""
-        if i in self._dx:
-            raise AssertionError(f"{self.node.name}: input {i}'s gradient is decided twice")
-        self._dx[i], self._acc[i] = buffer, accumulate
-
-    def dx(self, i):
-        return self._dx.get(i)
-
-    def acc(self, i):
-        return self._acc.get(i, False)
-
-    def preactivation(self):
-        """The pre-activation scratch this node's training forward keeps (``Op.preactivation``),
-        or None (no activation, or act' read off the output)."""
-        pre = get_op(self.node.op).preactivation(self.node)
-        return self.scratch(pre[1], self.batch * self.node.size) if pre and pre[1] else None
-
-    def derivative_source(self):
-        """(derivative kind, buffer) from which backward scales this node's dy into dz: the kept
-        pre-activation, or the node's output for a kind "<act>@y"; ("none", None) without an
-        activation."""
-        pre = get_op(self.node.op).preactivation(self.node)
-        if pre is None:
-            return "none", None
-        return pre[0], self.preactivation() if pre[1] else self.y
-
-    def dx_scale(self, i):
-        """(derivative kind, buffer) when the fusion pass decided that the product storing
-        input i's gradient applies act' of the input's producer (its only writer), which then
-        skips its own scaling launch: the producer's kept pre-activation, or its output (this
-        node's input) for a kind "<act>@y". None otherwise."""
-        pre = self.node.meta["dx_scale"].get(i)
-        if pre is None or self.dx(i) is None:
-            return None
-        if pre[1] is None:
-            return pre[0], self.x(i)
-        z = names.scratch(root(self.inputs[i]).name, pre[1])
-        if z not in self._l.buffers or self.acc(i):
-            raise AssertionError(f"{self.node.name}: input {i}'s producer declares a pre-activation "
-                                 f"{z} that its forward did not keep, or has other writers")
-        return pre[0], z
-
-    @property
-    def dy_prescaled(self):
-        return root(self.node).meta["dy_prescaled"]
 
 
 class Lowering:
@@ -149,7 +47,7 @@ class Lowering:
         self.outer = {}          # grad buffer -> (parameter, OuterGradient) the optimizer forms
         self.sums = {}           # launch name -> its kernel's `sums` (kernels.base.Kernel)
         self.summed = {}         # parameter -> (src, rows): its gradient the optimizer sums
-        self.guarded = False     # whether GUARDED launches read names.STEP_OK (step_ok)
+        self.guarded = False     # whether GUARDED launches read names.STEP_OK (Kernel.guarded)
         # Nodes no output depends on: no launch computes them, so training leaves their
         # parameters (their gradients stay 0) and state as they were.
         self.dead = {n.name for n in graph.dead()}
@@ -165,12 +63,12 @@ class Lowering:
 
     def value_buffer(self, node):
         r = root(node)
-        role = "input" if r.op == "input" else "activation"
+        role = Role.INPUT if r.op == "input" else Role.ACTIVATION
         return self.buffer(r.name, role, self.batch * r.size, (self.batch,) + r.shape)
 
     def grad_buffer(self, node):
         r = root(node)
-        return self.buffer(names.grad(r.name), "act_grad", self.batch * r.size, (self.batch,) + r.shape)
+        return self.buffer(names.grad(r.name), Role.ACT_GRAD, self.batch * r.size, (self.batch,) + r.shape)
 
     def param_buffer(self, node, name):
         if name not in self._node_params.get(node.name, {}):
@@ -185,16 +83,16 @@ class Lowering:
                 full = f"{node.name}.{p.name}"
                 self._node_params[node.name][p.name] = p
                 self.params[full] = p
-                self.buffer(full, "param", _size(p.shape), p.shape)
+                self.buffer(full, Role.PARAM, prod(p.shape), p.shape)
                 if self.loss:
-                    self.buffer(names.grad(full), "grad", _size(p.shape), p.shape)
+                    self.buffer(names.grad(full), Role.GRAD, prod(p.shape), p.shape)
                 for i in range(1, (self.optimizer.moments if self.optimizer else 0) + 1):
-                    self.buffer(names.moment(full, i), f"moment{i}", _size(p.shape), p.shape)
+                    self.buffer(names.moment(full, i), Role.moment(i), prod(p.shape), p.shape)
             for s in op.state(node):
                 full = f"{node.name}.{s.name}"
                 self._node_params[node.name][s.name] = s
                 self.state[full] = s
-                self.buffer(full, "state", _size(s.shape), s.shape)
+                self.buffer(full, Role.STATE, prod(s.shape), s.shape)
 
     # -- launches -------------------------------------------------------------------------
     def emit(self, node_name, phase, kernels, suffix=""):
@@ -210,13 +108,13 @@ class Lowering:
             while any(launch.name == name for launch in self.launches):
                 n += 1
                 name = f"{base}.{n}"
-            if k_phase in GUARDED and self.guarded and "step_ok" not in k.names:
+            if k_phase in GUARDED and self.guarded and not _reads_step_ok(k):
                 # launches that change the model's state change nothing when the step's loss is
                 # not finite (names.STEP_OK; c.kernel returns at once)
                 k = dataclasses.replace(k, args=k.args + [Use(names.STEP_OK)],
-                                        names=k.names + ["step_ok"])
+                                        names=k.names + [GUARD_ARG], guarded=True)
             kname = self.renderer.kernel_for(name, k.template, k.consts, k.names,
-                                             [abi.template_access(u) for u in k.args])
+                                             [abi.template_access(u) for u in k.args], k.guarded)
 
             def buffer_arg(slot, pname, use):
                 b = self.buffers[use.buffer]
@@ -245,10 +143,10 @@ class Lowering:
                 continue
             if op.is_view or node.name in self.dead or folded(node):
                 continue
-            self.emit(node.name, "forward" if training else "infer",
+            self.emit(node.name, Phase.FORWARD if training else Phase.INFER,
                       op.forward(node, Context(self, node, training)))
             if training and op.mode_dependent:
-                self.emit(node.name, "infer", op.forward(node, Context(self, node, False, "_infer")),
+                self.emit(node.name, Phase.INFER, op.forward(node, Context(self, node, False, "_infer")),
                           suffix="_infer")
         for name, node in self.graph.outputs.items():
             self.value_buffer(node)
@@ -279,21 +177,21 @@ class Lowering:
 
         for out_name, kind in self.loss.items():
             node = self.graph.outputs[out_name]
-            target = self.buffer(names.target(out_name), "target", self.batch * node.size,
+            target = self.buffer(names.target(out_name), Role.TARGET, self.batch * node.size,
                                  (self.batch,) + node.shape)
             op = get_op(node.op)
             if kind in op.fused_losses:       # computed by the op from its input (softmax)
                 ctx = Context(self, node, True)
                 contribute(ctx, 0, node.inputs[0])
-                loss = self.buffer(names.loss_part(out_name), "loss",
+                loss = self.buffer(names.loss_part(out_name), Role.LOSS,
                                    self.batch * op.loss_parts(node, kind))
-                self.emit(f"loss.{out_name}", "loss", [op.loss(node, ctx, kind, target, loss)])
+                self.emit(f"loss.{out_name}", Phase.LOSS, [op.loss(node, ctx, kind, target, loss)])
             else:
                 ctx = Context(self, node, True)
                 contribute(ctx, 0, node)
-                loss = self.buffer(names.loss_part(out_name), "loss",
+                loss = self.buffer(names.loss_part(out_name), Role.LOSS,
                                    self.batch * parts(node.size))
-                self.emit(f"loss.{out_name}", "loss", [elementwise_loss(
+                self.emit(f"loss.{out_name}", Phase.LOSS, [elementwise_loss(
                     kind, self.target, batch=self.batch, size=node.size, out=self.value_buffer(node),
                     target=target, loss=loss, dout=ctx.dx(0), accumulate=ctx.acc(0),
                     ctype=self.ctype)])
@@ -311,13 +209,13 @@ class Lowering:
                     contribute(ctx, i, inp)
             self.choose_outer(node, op, ctx)
             start = len(self.launches)
-            self.emit(node.name, "backward", op.backward(node, ctx))
+            self.emit(node.name, Phase.BACKWARD, op.backward(node, ctx))
             self.check_outer(self.launches[start:])
         if self.optimizer is not None:
             self.step_ok()
         for node in self.graph.nodes:
             if not get_op(node.op).is_view and node.name not in self.dead:
-                self.emit(node.name, "update_state",
+                self.emit(node.name, Phase.UPDATE_STATE,
                           get_op(node.op).update_state(node, Context(self, node, True)))
         self.input_grad_buffers = {name: self.grad_buffer(node) for name, node
                                    in self.graph.inputs.items() if wants[name] and name in written}
@@ -336,8 +234,8 @@ class Lowering:
         for name, node in self.graph.inputs.items():
             if name in self.dead:
                 continue
-            part = self.buffer(names.finite_part(name), "loss", self.batch * parts(node.size))
-            self.emit(f"finite.{name}", "loss", [finite_check(
+            part = self.buffer(names.finite_part(name), Role.LOSS, self.batch * parts(node.size))
+            self.emit(f"finite.{name}", Phase.LOSS, [finite_check(
                 self.target, batch=self.batch, size=node.size, data=self.value_buffer(node),
                 part=part, ctype=self.ctype)])
             self.loss_parts.append(part)
@@ -346,18 +244,19 @@ class Lowering:
         """The launch that sets names.STEP_OK from the loss parts, ahead of every launch that
         changes the model's state (GUARDED phases), which then read it. Data-parallel plans leave
         it to the host, which knows every rank's loss (model.train_step)."""
-        self.buffer(names.SCALARS, "scalar", len(abi.STEP_SCALARS))       # first in its arena, as without a guard
-        self.buffer(names.STEP_OK, "scalar", 1)
+        self.buffer(names.SCALARS, Role.SCALAR, len(abi.STEP_SCALARS))   # first in its arena, as without a guard
+        self.buffer(names.STEP_OK, Role.SCALAR, 1)
         self.guarded = True
         if self.ranks > 1:
             return
-        self.buffer(names.STEP_HALT, "scalar", 1)
+        self.buffer(names.STEP_HALT, Role.SCALAR, 1)
         parts = {f"loss{i}": name for i, name in enumerate(self.loss_parts)}
         sizes = [self.buffers[p].size for p in self.loss_parts]
-        L = self.target.schedule("group", "step_ok.check", self.ctype, items=sum(sizes)).local[0]
-        self.emit("step_ok", "update_state", [kernel(
+        L = self.target.schedule(Family.GROUP, "step_ok.check", self.ctype,
+                                 items=sum(sizes)).local[0]
+        self.emit("step_ok", Phase.UPDATE_STATE, [kernel(
             "check", "step_ok", dict(sizes=sizes, L=L),
-            dict(parts, halt=names.STEP_HALT, step_ok=out(names.STEP_OK)), (L,), (L,))])
+            dict(parts, halt=names.STEP_HALT, **{GUARD_ARG: out(names.STEP_OK)}), (L,), (L,))])
 
     def check_outer(self, launches):
         """Every one of a node's backward ``launches`` that writes a gradient the optimizer forms
@@ -365,7 +264,7 @@ class Lowering:
         be wasted work, and the gradient buffer it fills would not be what ``gradients()`` reads
         in order."""
         for la in launches:
-            if la.phase != "gradient":
+            if la.phase != Phase.GRADIENT:
                 for w in la.writes:
                     if w in self.outer:
                         raise AssertionError(
@@ -394,13 +293,13 @@ class Lowering:
                 self.buffers[name] = self.buffers.pop(name)
 
     def optimizer_step(self):
-        self.buffer(names.SCALARS, "scalar", len(abi.STEP_SCALARS))
+        self.buffer(names.SCALARS, Role.SCALAR, len(abi.STEP_SCALARS))
         opt = self.optimizer
         # Across ranks the gradients arrive summed: the optimizer scales them by scal[3] = 1/ranks.
         scaled = self.ranks > 1
 
         def sched(name):
-            return self.target.schedule("vector_map", name, self.ctype)
+            return self.target.schedule(Family.VECTOR_MAP, name, self.ctype)
 
         def bufs(param, extent=None):
             """The update's buffers from ``param`` on: that parameter alone, or with ``extent``
@@ -419,26 +318,26 @@ class Lowering:
         if self.debug_buffers:
             # Each buffer is its own allocation here, so each parameter gets its own launch.
             for full in stored:
-                self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, bufs(full),
+                self.emit(full, Phase.OPTIMIZER, [opt.kernel(self.buffers[full].size, bufs(full),
                                                          sched(f"{full}.update"), scaled)])
         elif stored:
             # One launch spans the arena up to the first parameter whose gradient the optimizer
             # forms (order_params put those last): the first parameter sits at offset 0 in each
             # of the param, grad and moment arenas, and the padding between parameters stays 0.
             end = min((self.buffers[p].offset for p in list(outer) + list(self.summed)),
-                      default=self.arenas["param"])
-            self.emit("optimizer", "optimizer", [opt.kernel(end, bufs(stored[0], end),
+                      default=self.arenas[Role.PARAM])
+            self.emit("optimizer", Phase.OPTIMIZER, [opt.kernel(end, bufs(stored[0], end),
                                                             sched("optimizer.update"), scaled)])
         for full, og in outer.items():
             fused = dict(bufs(full), dz=og.dz, x=og.x)
             del fused["grad"]
-            self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, fused,
+            self.emit(full, Phase.OPTIMIZER, [opt.kernel(self.buffers[full].size, fused,
                                                      sched(f"{full}.update"),
                                                      outer=(og.rows,) + self.buffers[full].shape)])
         for full, (src, rows) in self.summed.items():
             summing = dict(bufs(full), part=src)
             del summing["grad"]
-            self.emit(full, "optimizer", [opt.kernel(self.buffers[full].size, summing,
+            self.emit(full, Phase.OPTIMIZER, [opt.kernel(self.buffers[full].size, summing,
                                                      sched(f"{full}.update"), summed=rows)])
 
     def liveness(self):
@@ -451,7 +350,7 @@ class Lowering:
         end = len(self.graph.nodes)
         for node in self.graph.nodes:
             r = root(node).name
-            if r not in self.buffers or self.buffers[r].role != "activation":
+            if r not in self.buffers or self.buffers[r].role != Role.ACTIVATION:
                 continue
             first, last = live.get(r, (steps[node.name], steps[node.name]))
             for user in node.users:
@@ -468,8 +367,8 @@ def _written_first(launches):
     """The buffers that each run of a plan's launches writes whole ("out") before anything reads
     them: what they held before a step does not matter, so ``poison`` may fill them with NaN."""
     first = {}
-    for seq in ([la for la in launches if la.phase == "infer"],
-                [la for la in launches if la.phase != "infer"]):
+    for seq in ([la for la in launches if la.phase == Phase.INFER],
+                [la for la in launches if la.phase != Phase.INFER]):
         seen = set()
         for launch in seq:
             for a in launch.buffer_args:
@@ -479,11 +378,9 @@ def _written_first(launches):
     return [name for name, ok in first.items() if ok]
 
 
-def _size(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+def _reads_step_ok(k):
+    """Whether kernel ``k`` takes names.STEP_OK already (the check that writes it)."""
+    return any(getattr(u, "buffer", None) == names.STEP_OK for u in k.args)
 
 
 def lower(graph, batch, optimizer=None, loss=None, dtype="float32", *, input_grads=False,
@@ -554,14 +451,14 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
             raise CompileError(f"graph {graph.name!r} at batch {batch}: the {role} arena needs "
                                f"{size} elements; at most 2^32 - 1 are addressable")
     poisonable = _written_first(lo.launches)
-    plan_kernel, why = None, "the device's target does not ask for one"
+    pk, why = None, "the device's target does not ask for one"
     if target.plan_kernel:
         if debug_buffers:
             why = "debug_buffers gives every buffer its own allocation"
         elif ranks > 1:
             why = "data-parallel plans stop between launches for their collectives"
         else:
-            plan_kernel, lo.renderer.sources[persistent.NAME] = persistent.build(
+            pk, lo.renderer.sources[plan_kernel.NAME] = plan_kernel.build(
                 lo.launches, lo.renderer, lo.renderer.header, target)
             why = None
     res, res_why = None, "the plan has no loss"
@@ -569,7 +466,7 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
         res_why = "data-parallel plans feed each rank's shard from the host"
     elif loss:
         width = sum(lo.buffers[p].size for p in lo.loss_parts)
-        lanes = target.schedule("group", "resident.record", ctype, items=width).local[0]
+        lanes = target.schedule(Family.GROUP, "resident.record", ctype, items=width).local[0]
         res, res_why = resident.build(lo.buffers, {n: lo.value_buffer(v) for n, v in
                                                    graph.inputs.items()}, lo.targets,
                                       lo.loss_parts, batch, ctype, optimizer is not None, lanes)
@@ -584,26 +481,6 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                 input_grad_buffers=lo.input_grad_buffers,
                 params={p: p for p in lo.params}, state={s: s for s in lo.state},
                 poisonable=poisonable, target=target, ranks=ranks,
-                host_steps=lo.collectives, plan_kernel=plan_kernel, plan_kernel_why=why,
+                host_steps=lo.collectives, plan_kernel=pk, plan_kernel_why=why,
                 resident=res, resident_why=res_why)
 
-
-def check_loss_spec(graph, loss):
-    """Normalise ``loss`` to {output: kind}, naming the output on any mistake."""
-    if loss is None:
-        return {}
-    if isinstance(loss, str):
-        loss = {name: loss for name in graph.outputs}
-    if not isinstance(loss, dict):
-        raise GraphError(f"loss must be a dict {{output: kind}} or a kind, got {type(loss).__name__}")
-    for out, kind in loss.items():
-        if out not in graph.outputs:
-            raise GraphError(f"loss names output {out!r}, but graph {graph.name!r} has outputs "
-                             f"{sorted(graph.outputs)}")
-        check_loss(kind, out)
-        node = graph.outputs[out]
-        if kind not in ELEMENTWISE and kind not in get_op(node.op).fused_losses:
-            raise GraphError(f"loss for output {out!r}: {kind} needs a "
-                             f"{' or '.join(op_kinds(fused_loss=kind))} output, but {node.name!r} "
-                             f"is a {node.op}")
-    return dict(loss)

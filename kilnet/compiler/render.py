@@ -9,7 +9,7 @@ import re
 
 import jinja2
 
-from ..kernels.base import TEMPLATES
+from ..kernels.base import GUARD_ARG, TEMPLATES
 from ..runtime import cachefile
 from ..policy.vectors import vector_pieces, widest_vector
 
@@ -23,7 +23,7 @@ _env = jinja2.Environment(loader=jinja2.ChoiceLoader([jinja2.PackageLoader("kiln
                                                       jinja2.FunctionLoader(_op_template)]),
                           undefined=jinja2.StrictUndefined, trim_blocks=False,
                           keep_trailing_newline=True)
-_env.globals.update(vector_pieces=vector_pieces, widest_vector=widest_vector)
+_env.globals.update(vector_pieces=vector_pieces, widest_vector=widest_vector, GUARD_ARG=GUARD_ARG)
 
 PLACEHOLDER = "__KILNET_KERNEL__"
 
@@ -89,11 +89,13 @@ class KernelArg(str):
 
 class KernelName(str):
     """The kernel's name as templates see it; ``member`` asks ``c.kernel`` for the body as a
-    member of the plan kernel (a device function; compiler/persistent.py) instead of a kernel."""
+    member of the plan kernel (a device function; compiler/plan_kernel.py) instead of a kernel;
+    ``guarded`` (kernels.base.Kernel.guarded) for a body that returns at once where its argument
+    GUARD_ARG (names.STEP_OK) is 0."""
 
-    def __new__(cls, name, member=False):
+    def __new__(cls, name, member=False, guarded=False):
         kname = super().__new__(cls, name)
-        kname.member = member
+        kname.member, kname.guarded = member, guarded
         kname.group, kname.locals = None, ()
         return kname
 
@@ -105,14 +107,14 @@ class KernelName(str):
         return ""
 
 
-def render(template, consts, names, access, member=False):
-    return render_declared(template, consts, names, access, member)[0]
+def render(template, consts, names, access, member=False, guarded=False):
+    return render_declared(template, consts, names, access, member, guarded)[0]
 
 
-def render_declared(template, consts, names, access, member=False):
+def render_declared(template, consts, names, access, member=False, guarded=False):
     """(source, KernelName): the render and what its ``c.kernel`` declared."""
     args = [KernelArg(n, a) for n, a in zip(names, access)]
-    kname = KernelName(PLACEHOLDER, member)
+    kname = KernelName(PLACEHOLDER, member, guarded)
     body = _env.get_template(f"{template}.cl.j2").render(kname=kname, args=args, **consts)
     # Drop the blank lines that Jinja's control blocks leave behind.
     return "\n".join(line for line in body.splitlines() if line.strip()) + "\n", kname
@@ -127,8 +129,8 @@ class Renderer:
         self.renders = {}          # kernel name -> what it was rendered from (member)
         self._by_body = {}
 
-    def kernel_for(self, launch_name, template, consts, names, access):
-        body = render(template, consts, names, access)
+    def kernel_for(self, launch_name, template, consts, names, access, guarded=False):
+        body = render(template, consts, names, access, guarded=guarded)
         digest = hashlib.sha1(body.encode()).hexdigest()
         if digest not in self._by_body:
             kname = re.sub(r"\W", "_", launch_name)
@@ -136,14 +138,15 @@ class Renderer:
                 kname += "_"
             self.sources[kname] = self.header + body.replace(PLACEHOLDER, kname)
             self._by_body[digest] = kname
-            self.renders[kname] = (template, consts, names, access)
+            self.renders[kname] = (template, consts, names, access, guarded)
         return self._by_body[digest]
 
     def member(self, kname):
         """Kernel ``kname`` rendered as a member of the plan kernel: (a device function of the same
         name and body, without the header, which the plan kernel has once; the work-group size
         the body requires or None; its local arrays)."""
-        body, declared = render_declared(*self.renders[kname], member=True)
+        template, consts, names, access, guarded = self.renders[kname]
+        body, declared = render_declared(template, consts, names, access, True, guarded)
         return body.replace(PLACEHOLDER, kname), declared.group, declared.locals
 
 

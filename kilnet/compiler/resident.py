@@ -3,7 +3,9 @@
 recorded in the plan (``plan.resident``) so that ``model.source`` shows them. They stay outside
 the plan's launch sequences: a bundle or the plan kernel never sees them.
 """
+from ..kernels.base import GUARD_ARG
 from ..policy import names
+from ..policy.kinds import Phase
 from ..policy.plan import Arg, Launch, Resident
 from ..runtime import abi
 from .render import PLACEHOLDER, header, render
@@ -19,7 +21,8 @@ GATHER_ROW = 1024
 def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train, lanes):
     """The Resident record of a plan with a loss, or (None, why not). ``lanes``: the record's
     work-group (its copy of the loss parts; one work-item took W1's 3072 elements at batch
-    1024 as long as the step_ok check did, 53 µs on an H200)."""
+    1024 as long as the step_ok check did, 53 µs on an H200). The record reads names.STEP_OK
+    as the argument kernels give it, GUARD_ARG."""
     fed = [(b, plan_buffers[b].size // batch) for b in list(feeds.values()) + list(targets.values())]
     losses = [(b, plan_buffers[b].size) for b in loss_parts]
     if max(batch * row for _, row in fed) >= 2 ** 31:
@@ -42,7 +45,7 @@ def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train, lanes):
         gather_args.append(("scal", names.SCALARS, "out"))
     record_args = [(f"loss{i}", b, "in") for i, (b, _) in enumerate(losses)]
     if train:
-        record_args += [("step_ok", names.STEP_OK, "in"), ("halt", names.STEP_HALT, "out")]
+        record_args += [(GUARD_ARG, names.STEP_OK, "in"), ("halt", names.STEP_HALT, "out")]
     g_body, g_extra, g_args = launch(
         GATHER, gather_args, dict(kind="gather", rows=[r for _, r in fed], train=train),
         [f"src{i}" for i in range(len(fed))] + ["order", "counters"] + (["table"] if train else []))
@@ -53,7 +56,7 @@ def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train, lanes):
     items = min(GATHER_ROW, -(-max(row for _, row in fed) // 32) * 32)
     return Resident(
         source=header(ctype) + g_body + r_body,
-        gather=Launch("resident.gather", "resident", GATHER, (items, batch), None, g_args),
-        record=Launch("resident.record", "resident", RECORD, (lanes,), (lanes,), r_args),
+        gather=Launch("resident.gather", Phase.RESIDENT, GATHER, (items, batch), None, g_args),
+        record=Launch("resident.record", Phase.RESIDENT, RECORD, (lanes,), (lanes,), r_args),
         fed=fed, losses=losses, train=train, extra={GATHER: g_extra, RECORD: r_extra},
         halt=names.STEP_HALT if train else None), None

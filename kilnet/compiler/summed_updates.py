@@ -15,6 +15,7 @@ What it trusts, and where that is checked:
 - that nothing else writes the gradient or reads it in train_step, that every writer of the
   source runs in train_step, and that nothing writes the source after the sum: checked here from
   every launch's declared accesses, which the extents and order checks hold to the truth."""
+from ..policy.kinds import Phase, Role
 
 
 def fold(launches, sums, grads, buffers, max_rows):
@@ -28,8 +29,8 @@ def fold(launches, sums, grads, buffers, max_rows):
         i = at[name]
         la = launches[i]
         param = grads.get(la.writes[0]) if len(la.writes) == 1 else None
-        if param is None or la.phase != "backward" or rows > max_rows or \
-                buffers[src].role != "scratch":      # partial sums only, not dz itself
+        if param is None or la.phase != Phase.BACKWARD or rows > max_rows or \
+                buffers[src].role != Role.SCRATCH:      # partial sums only, not dz itself
             continue
         g = la.writes[0]
         if buffers[g].size != n or buffers[src].size < rows * n:
@@ -40,8 +41,8 @@ def fold(launches, sums, grads, buffers, max_rows):
         writers = [j for j, o in enumerate(launches) if src in o.writes]
         # every writer of the source runs in train_step, and before the sum
         if touched or not writers or writers[-1] > i or \
-                any(launches[j].phase not in ("forward", "backward") for j in writers):
+                any(launches[j].phase not in (Phase.FORWARD, Phase.BACKWARD) for j in writers):
             continue
-        la.phase = "gradient"
+        la.phase = Phase.GRADIENT
         chosen[param] = (src, rows)
     return chosen

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import GraphError, ShapeError
 from ..graph import OPS as _REGISTRY, get_op, op_kinds  # noqa: F401  (ops.get_op, ops.op_kinds)
 from ..policy import symbolic
+from ..policy.kinds import DerivKind, Phase
 from ..runtime.abi import Scalar  # noqa: F401  (an op's by-value argument: kernels.base.Scalar)
 
 BUILDERS = {}              # public builder name -> function (kilnet.<name>), in registration order
@@ -120,17 +121,25 @@ class Kernel:
     names: list                # the kernel's own name for each argument
     global_size: tuple
     local_size: tuple = None
-    # "gradient": a launch that only stores a parameter gradient which train_step's optimizer
+    # Phase.GRADIENT: a launch that only stores a parameter gradient which train_step's optimizer
     # forms itself (`OuterGradient`); ``gradients()`` runs it, train_step skips it. None: the
     # phase the op's method implies.
-    phase: str = None
-    # Why the launch runs on its own beside a plan kernel (compiler/persistent.py), where its
+    phase: Phase = None
+    # Why the launch runs on its own beside a plan kernel (compiler/plan_kernel.py), where its
     # kernel chose so; None: the plan kernel decides.
     apart: str = None
     # (src, rows, N): the launch only stores out[n] = Σ_{r<rows} src[r·N + n] for n < N (a plain
     # column sum: kernels.gemm.column_sum). Where out is a parameter gradient, the
     # optimizer may sum src itself (compiler/summed_updates.py).
     sums: tuple = None
+    # Set by the compiler, never by an op: the launch changes the model's state (a GUARDED
+    # phase of a training plan), so its last argument is names.STEP_OK, named GUARD_ARG, and
+    # c.kernel returns at once where it is 0 (the step's loss is not finite).
+    guarded: bool = False
+
+
+# The name of the guard argument that the compiler appends to a guarded kernel (`Kernel.guarded`).
+GUARD_ARG = "step_ok"
 
 
 @dataclass
@@ -205,7 +214,9 @@ class Op:
         ``scale_by_derivative(ctx, *ctx.derivative_source(), n)`` (which it skips when
         ``ctx.dy_prescaled``): the training forward keeps the pre-activation z in
         ``ctx.preactivation()``, or with key None keeps nothing and act' is read off the
-        node's output (kind "<act>@y", ``symbolic.of_output``). None when there is no act'."""
+        node's output (a policy.kinds.DerivKind ``of_output``, "<act>@y": ``symbolic.of_output``).
+        The kind is a DerivKind, or an activation's name for act' of the pre-activation. None
+        when there is no act'."""
         return None
 
     def loss(self, node, ctx, kind, target, loss):
@@ -263,7 +274,7 @@ def keeps_preactivation(node, of_output=False):
         return None
     if of_output and act in symbolic.OUTPUT_DERIVATIVES:
         return symbolic.of_output(act), None
-    return act, "z"
+    return DerivKind(act), "z"
 
 
 def need(cond, node, message, exc=ShapeError):

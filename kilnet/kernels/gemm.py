@@ -7,7 +7,9 @@ and the k-split (policy/schedule.py). Each function returns a list of kernels.
 import dataclasses
 
 from ..policy import symbolic
-from ..policy.schedule import PREFETCH_MIN, copies_b, cpu_products, kvec_form, large_form
+from ..policy.cpu_gemm import PREFETCH_MIN, copies_b, cpu_products, kvec_form
+from ..policy.gpu_gemm import large_form
+from ..policy.kinds import Family
 from ..policy.vectors import round_up
 from . import index
 from .base import kernel, out as written
@@ -52,24 +54,41 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     splittable = batch == 1 and index.is_rows_of(c_idx, N)
     epi = dict(accumulate=accumulate, bias=bias, act=act, z=z, dscale=dscale)
     if ctx.target.kind == "cpu":
-        s = _vec_schedule(ctx, step, consts, batch, splittable=splittable)
-        if not s.split or s.split == 1:
-            return _vec_kernel(ctx, step, consts, buffers, batch, s)
-        # Split-K on a CPU: K divides into the slices (the policy picks such a split), and
-        # slice b runs k over [b·kc, (b + 1)·kc) through its indices: no edge in k.
-        kc = K // s.split
-        assert kc * s.split == K, (step, K, s.split)
-        def shift(e):           # b is 0 first (batch 1), then names the slice
-            return e.subs(b, 0).subs(k, k + b * kc)
-        consts.update(K=kc, a_pred=None if a_pred is None else index.c(shift(a_pred)))
-        return _k_slices(ctx, step, consts, a, w, out, shift(a_idx), shift(b_idx),
-                         M=M, N=N, split=s.split, epi=epi,
-                         launch=lambda c, slices: _vec_kernel(ctx, step, c, slices, s.split, s,
-                                                              k_slices=True))
+        return _on_vectors(ctx, step, consts, buffers, a, w, out, a_idx, b_idx, a_pred,
+                           M=M, N=N, K=K, batch=batch, splittable=splittable, epi=epi)
     if M <= GEMV_ROWS and a_kfast and not b_nfast and a_pred is None and dscale is None:
-        s = ctx.schedule(step, "gemv", K=K)
+        s = ctx.schedule(step, Family.GEMV, K=K)
         return [kernel(step, "gemv", dict(consts, L=s.local[0]), buffers,
                        (N * s.local[0], 1, batch), s.local)]
+    return _tiled(ctx, step, consts, buffers, a, w, out, a_idx, b_idx, a_pred, M=M, N=N, K=K,
+                  batch=batch, splittable=splittable, epi=epi)
+
+
+def _on_vectors(ctx, step, consts, buffers, a, w, out, a_idx, b_idx, a_pred, *, M, N, K, batch,
+                splittable, epi):
+    """``gemm`` on a CPU: the product on explicit vectors (templates/gemm_vec.cl.j2), its k
+    split into slices where the schedule says so."""
+    s = _vec_schedule(ctx, step, consts, batch, splittable=splittable)
+    if not s.split or s.split == 1:
+        return _vec_kernel(ctx, step, consts, buffers, batch, s)
+    # Split-K on a CPU: K divides into the slices (the policy picks such a split), and
+    # slice b runs k over [b·kc, (b + 1)·kc) through its indices: no edge in k.
+    kc = K // s.split
+    assert kc * s.split == K, (step, K, s.split)
+    def shift(e):           # b is 0 first (batch 1), then names the slice
+        return e.subs(b, 0).subs(k, k + b * kc)
+    consts.update(K=kc, a_pred=None if a_pred is None else index.c(shift(a_pred)))
+    return _k_slices(ctx, step, consts, a, w, out, shift(a_idx), shift(b_idx),
+                     M=M, N=N, split=s.split, epi=epi,
+                     launch=lambda c, slices: _vec_kernel(ctx, step, c, slices, s.split, s,
+                                                          k_slices=True))
+
+
+def _tiled(ctx, step, consts, buffers, a, w, out, a_idx, b_idx, a_pred, *, M, N, K, batch,
+           splittable, epi):
+    """``gemm`` on a GPU: local-memory tiles (templates/gemm.cl.j2, or gemm_large.cl.j2 where
+    the operands allow it), its k split into slices where the schedule says so."""
+    a_kfast, b_nfast = consts["a_kfast"], consts["b_nfast"]
     # The large-tile form steps through k by adding a constant stride to each address: each
     # operand must be affine in k. Where it is affine in m (A) or n (B) too, a lane's rows share
     # one base address; else each row it loads keeps its own (conv1d's rows: sample, position).
@@ -77,7 +96,7 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     ska, skb = index.strides(a_idx, (k,)), index.strides(b_idx, (k,))
     shape = dict(M=M, N=N, K=K, splittable=splittable,
                  affine=a_pred is None and ska is not None and skb is not None)
-    s = ctx.schedule(step, "gemm", **shape)
+    s = ctx.schedule(step, Family.GEMM, **shape)
     TM, TN, RM, RN = s.tiles
     TK = s.depth
     SL = s.sliced or 1
@@ -94,7 +113,7 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     local = (TN // RN, TM // RM, SL)
     split = s.split
     # A sliced product's own launch holds several of its groups a compute unit, a plan kernel
-    # one (policy/schedule.py, sliced_schedule): it runs apart.
+    # one (policy/gpu_gemm.py, sliced_schedule): it runs apart.
     apart = f"sliced in {SL}: its own launch holds several work-groups a compute unit" \
         if SL > 1 else None
 
@@ -244,7 +263,7 @@ def _vec_schedule(ctx, step, consts, batch, groups=1, splittable=False):
     extra = ({"a_along_m": True} if not consts["a_kfast"] else {}) | \
         ({"groups": groups, "batch": 1} if groups > 1 else {"batch": batch}) | \
         ({"splittable": True} if splittable and not kvec else {})
-    return ctx.schedule(step, "gemm_vec", M=consts["M"], N=consts["N"], K=consts["K"], kvec=kvec,
+    return ctx.schedule(step, Family.GEMM_VEC, M=consts["M"], N=consts["N"], K=consts["K"], kvec=kvec,
                         **extra)
 
 
@@ -281,7 +300,7 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
     On a GPU, LY lanes of a work-group share each column's rows and meet in local memory; on a CPU
     one work-item walks a column (no barriers). A schedule with row slices (few columns, many
     rows) sums each slice into a partial row, and a second column sum adds those up."""
-    s = ctx.schedule(step, "column_sum", rows=rows, cols=cols)
+    s = ctx.schedule(step, Family.COLUMN_SUM, rows=rows, cols=cols)
     LX, LY = s.local
     rs = -(-rows // s.split)
     split = -(-rows // rs)

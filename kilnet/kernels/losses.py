@@ -3,7 +3,7 @@ cross_entropy (on a softmax output, per head) lives with softmax, whose logits i
 import dataclasses
 
 from ..policy.vectors import vector_width
-from .base import GraphError, kernel, out as written
+from .base import GraphError, get_op, kernel, op_kinds, out as written
 
 LOSSES = ("mse", "cross_entropy", "huber")
 ELEMENTWISE = ("mse", "huber")   # the others only an op computes (Op.fused_losses)
@@ -46,3 +46,24 @@ def finite_check(device, *, batch, size, data, part, ctype="float"):
     k = elementwise_loss("finite", device, batch=batch, size=size, out=data, target=None,
                          loss=part, dout=None, accumulate=False, ctype=ctype)
     return dataclasses.replace(k, step="check")
+
+
+def check_spec(graph, loss):
+    """Normalise ``loss`` to {output: kind}, naming the output on any mistake."""
+    if loss is None:
+        return {}
+    if isinstance(loss, str):
+        loss = {name: loss for name in graph.outputs}
+    if not isinstance(loss, dict):
+        raise GraphError(f"loss must be a dict {{output: kind}} or a kind, got {type(loss).__name__}")
+    for output, kind in loss.items():
+        if output not in graph.outputs:
+            raise GraphError(f"loss names output {output!r}, but graph {graph.name!r} has outputs "
+                             f"{sorted(graph.outputs)}")
+        check(kind, output)
+        node = graph.outputs[output]
+        if kind not in ELEMENTWISE and kind not in get_op(node.op).fused_losses:
+            raise GraphError(f"loss for output {output!r}: {kind} needs a "
+                             f"{' or '.join(op_kinds(fused_loss=kind))} output, but {node.name!r} "
+                             f"is a {node.op}")
+    return dict(loss)

@@ -28,6 +28,7 @@ import numpy as np
 from ..graph import graph_of
 from ..kernels.base import Op, inout, kernel, out, register
 from ..policy import symbolic
+from ..policy.kinds import DerivKind
 
 
 
@@ -73,10 +74,11 @@ def elementwise(ctx, step, n, buffers, expr, **consts):
 
 def scale_by_derivative(ctx, kind, z, n):
     """dy ·= act'(z) in place (a layer's own output gradient is read by nothing else after its
-    backward pass), z being the kept pre-activation, or the output for a kind "<act>@y"
-    (Context.derivative_source); an empty list when there is no activation, or when the one
-    product that wrote dy already applied act' (Context.dy_prescaled)."""
-    if kind == "none" or ctx.dy_prescaled:
+    backward pass), z being the kept pre-activation, or the output for a DerivKind ``of_output``
+    ("<act>@y"; Context.derivative_source); ``kind`` a DerivKind or an activation's name. An
+    empty list when there is no activation, or when the one product that wrote dy already applied
+    act' (Context.dy_prescaled)."""
+    if DerivKind.of(kind).none or ctx.dy_prescaled:
         return []
     return [elementwise(ctx, "backward_activation", n, {"inp": z, "dout": inout(ctx.dy)},
                         symbolic.derivative_c(kind), mode="scale")]

@@ -10,6 +10,7 @@ too, which normalises one input and adds an affine.
 """
 from ..graph import graph_of
 from ..kernels.base import Op, kernel, need, out, register
+from ..policy.kinds import Family
 from ..policy.vectors import pow2_at_least, vector_width
 
 EPS = 1e-5
@@ -83,7 +84,7 @@ def row_launch(step, node, ctx, mode, eps, bufs, affine=False, grads=()):
                   affine=affine, grads=list(grads), VW=vector_width(ctx.target, ctx.ctype))
     if ctx.target.kind == "gpu" and D > 1:
         # a team of T lanes per row, as many rows per work-group as fit (add_norm.cl.j2)
-        L = consts["L"] = ctx.schedule(step, "group", items=rows * D).local[0]
+        L = consts["L"] = ctx.schedule(step, Family.GROUP, items=rows * D).local[0]
         T = consts["T"] = pow2_at_least(D, L)
         return kernel(step, "add_norm", consts, bufs, (-(-rows // (L // T)) * L,), (L,))
     return kernel(step, "add_norm", consts, bufs, *ctx.schedule(step).cover(rows))

@@ -78,6 +78,7 @@ import math
 from ..graph import graph_of
 from ..kernels.base import Collective, GraphError, Op, Param, inout, int_attr, kernel, need, out, register
 from ..policy import symbolic
+from ..policy.kinds import Family
 
 PER = ("element", "channel")
 
@@ -221,7 +222,7 @@ class BatchNorm(Op):
         a = node.attrs
         act, dact = symbolic.forward_c(a["activation"]), symbolic.derivative_c(a["activation"])
         # CPUs: V features a work-item as one vector (PoCL ran the scalar form at ~0.3 GB/s).
-        s = ctx.schedule(step, "vector_map")
+        s = ctx.schedule(step, Family.VECTOR_MAP)
         V = s.vector
         # Per channel, a row of the kernels is one position of one sample: C features of B·P
         # rows of stride C (the layout of x is (batch, position, channel) either way).

@@ -59,7 +59,9 @@ from ..kernels.base import Op, Param, inout, int_attr, kernel, need, out, regist
 from ..kernels.gemm import gemm, linear, linear_backward, linears
 from ..kernels.index import b, k, m, n
 from ..policy.dtypes import itemsize
-from ..policy.schedule import GROUP_LANES, cpu_products
+from ..policy.kinds import Family
+from ..policy.cpu_gemm import cpu_products
+from ..policy.schedule import GROUP_LANES
 from ..policy.vectors import pow2_at_least, vector_width
 
 def odd(n):
@@ -292,7 +294,7 @@ class GraphAttention(Op):
         if consts["staged"]:
             # A work-group per (sample, head); a team of T lanes per query, as many as a
             # group of up to U·U lanes gives each of U rows (at least one).
-            L = consts["L"] = ctx.schedule(step, "group", items=U * U).local[0]
+            L = consts["L"] = ctx.schedule(step, Family.GROUP, items=U * U).local[0]
             T = consts["T"] = max(1, L // pow2_at_least(U, L))
             # forward: a round's rows of scores in local memory where they fit (padded to odd)
             consts["ploc"] = self.SETS * (L // T) * odd(U) * itemsize(ctx.ctype) <= ROW_BYTES

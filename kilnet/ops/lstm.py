@@ -35,6 +35,7 @@ from ..graph import graph_of
 from ..kernels.base import GraphError, Op, Param, int_attr, need, out, register, kernel
 from ..kernels.gemm import column_sum, linear, linear_backward
 from ..policy.dtypes import itemsize
+from ..policy.kinds import Family
 
 from ..policy.schedule import RECURRENCE_BYTES as LOCAL_BYTES   # a sample's h and gates fit
 from ..policy.schedule import RECURRENCE_CACHE
@@ -102,7 +103,7 @@ class LSTM(Op):
         ``cache`` form); backward then cuts dh = W_hhᵀ·dgates over P parts of the 4·hidden gate
         rows, so that P·hidden lanes share it rather than hidden lanes each summing 4·hidden."""
         item = itemsize(ctx.ctype)
-        s = ctx.schedule(step, "recurrence", items=items, cache_items=cache_items, batch=ctx.batch,
+        s = ctx.schedule(step, Family.RECURRENCE, items=items, cache_items=cache_items, batch=ctx.batch,
                          sample_bytes=5 * H * item)
         L, S, G = s.local[0], s.rows, 4 * H
         # P parts, their partial sums P·S·H reals beside the gates' S·4H in the local budget
@@ -130,7 +131,7 @@ class LSTM(Op):
         # of stride H. On an H200 the forward recurrence alone (T 48, hidden 64) took 0.44 ms
         # from W_hh and 0.05 from W_hhᵀ (benchmarks/recurrence_forms.py, forms A and A2-T).
         whht = ctx.scratch("whht", 4 * H * H)
-        g, l = ctx.schedule("transpose", "map", dims=2).cover(4 * H, H)
+        g, l = ctx.schedule("transpose", Family.MAP, dims=2).cover(4 * H, H)
         ks.append(kernel("transpose", "lstm", dict(mode="transpose", H=H, L=l[0]),
                          {"whh": ctx.p("weight_hh"), "whht": out(whht)}, g, l))
         bufs = {"gx": gx, "whht": whht, "bhh": ctx.p("bias_hh"),

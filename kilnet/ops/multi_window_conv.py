@@ -43,6 +43,7 @@ from ..kernels.base import (GraphError, Op, Param, int_attr, keeps_preactivation
                             out, register)
 from ..policy import symbolic
 from ..policy.dtypes import itemsize
+from ..policy.kinds import Family
 from ..policy.vectors import pow2_at_least, vector_width, widest_vector
 from .activation import scale_by_derivative
 
@@ -198,7 +199,7 @@ class MultiWindowConv(Op):
         """CPU form: a work-item per (chunk of PC positions or steps, row)."""
         c["NC"] = -(-length // CPU_CHUNK)
         c["PC"] = CPU_CHUNK
-        s = ctx.schedule(step, "chunks", chunks=c["NC"])
+        s = ctx.schedule(step, Family.CHUNKS, chunks=c["NC"])
         return kernel(step, f"mwconv_{step}", c, bufs, *s.cover(c["NC"], c["R"]))
 
     def backward(self, node, ctx):
@@ -230,7 +231,7 @@ class MultiWindowConv(Op):
         target = ctx.target
         if target.kind == "cpu":
             FB = F // c["V"]
-            slices = ctx.schedule("backward_params", "slices", groups=FB * len(units), rows=J,
+            slices = ctx.schedule("backward_params", Family.SLICES, groups=FB * len(units), rows=J,
                                   min_rows=256).split
             glob, local, L = (FB, len(units)), (1, 1, 1), 1
         else:
@@ -238,7 +239,7 @@ class MultiWindowConv(Op):
             L = target.lanes or min(256, target.max_work_group, pow2_at_least(J, 256))
             while L > 1 and (KT + 1) * L * item > target.local_mem // 2:
                 L //= 2
-            slices = ctx.schedule("backward_params", "slices", groups=F * len(units), rows=J,
+            slices = ctx.schedule("backward_params", Family.SLICES, groups=F * len(units), rows=J,
                                   min_rows=4 * L).split
             glob, local = (L * F, len(units)), (L, 1, 1)
         JC = -(-J // slices)

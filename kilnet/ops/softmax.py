@@ -16,6 +16,7 @@ sum (docs/ARTICLES.md §1 SoftMax) are not reproduced either.
 """
 from ..graph import graph_of
 from ..kernels.base import Op, int_attr, kernel, need, out, register
+from ..policy.kinds import Family
 
 
 def softmax(x, heads=1, name=None):
@@ -43,7 +44,7 @@ def softmax(x, heads=1, name=None):
 def _launch(step, node, ctx, mode, buffers, **extra):
     H = node.attrs["heads"]
     seg = node.size // H
-    L = ctx.schedule(step, "group", items=seg).local[0]
+    L = ctx.schedule(step, Family.GROUP, items=seg).local[0]
     consts = dict(S=seg, L=L, mode=mode, **extra)
     return kernel(step, "softmax", consts, buffers, (L, H, ctx.batch), (L, 1, 1))
 

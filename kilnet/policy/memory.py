@@ -6,16 +6,15 @@ Inference-only plans reuse the memory of activations that are dead (first-fit ov
 """
 from dataclasses import dataclass
 
-ALIGN = 16
+from .kinds import ROLES, Role  # noqa: F401  (memory.ROLES: the arenas in placement order)
 
-ROLES = ("input", "activation", "param", "grad", "moment1", "moment2", "state", "act_grad",
-         "scratch", "target", "loss", "scalar")
+ALIGN = 16
 
 
 @dataclass
 class Buffer:
     name: str
-    role: str
+    role: Role
     size: int                  # elements
     shape: tuple = ()
     offset: int = -1           # elements from the start of its role's arena
@@ -40,7 +39,7 @@ def place(buffers, live=None):
         by_role.setdefault(b.role, []).append(b)
     for role in ROLES:
         items = by_role.get(role, [])
-        if role == "activation" and live:
+        if role == Role.ACTIVATION and live:
             arenas[role] = _place_reusing(items, live)
             continue
         end = 0

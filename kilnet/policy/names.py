@@ -6,7 +6,8 @@ no node or block can ever collide with a gradient, a moment, a target or a scrat
 """
 SCALARS = "optimizer:scalars"
 # 1 where this train step's loss is finite, else 0: every launch that changes the model's state
-# (update_state, optimizer) reads it and changes nothing at 0 (compiler/lower.py, c.kernel).
+# (policy/kinds.py GUARDED phases) reads it and changes nothing at 0: the compiler marks such a
+# kernel ``guarded`` (kernels/base.py Kernel.guarded, argument GUARD_ARG) and c.kernel returns.
 STEP_OK = "step:ok"
 # 0 normally. A run of train steps from device-resident data (model.train_steps) sets it to 1 at
 # its first non-finite loss, so that STEP_OK stays 0 for the rest of that run: the model stops

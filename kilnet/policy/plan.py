@@ -2,6 +2,7 @@
 from dataclasses import dataclass, field
 
 from ..runtime.abi import BufferArg, ScalarArg  # noqa: F401  (plan.ScalarArg)
+from .kinds import Phase
 
 
 # A launch's arguments are the launch ABI's records (runtime/abi.py): a buffer argument, ``Arg``,
@@ -12,7 +13,7 @@ Arg = BufferArg
 @dataclass
 class Launch:
     name: str                   # "<node>.<step>", e.g. "dense_1.forward"
-    phase: str                  # one of PHASES
+    phase: Phase                # one of PHASES (Phase.RESIDENT: plan.resident's two)
     kernel: str                 # OpenCL function name (shared by identical renders)
     global_size: tuple
     local_size: tuple
@@ -51,7 +52,7 @@ class HostStep:
     ``after``: ``src`` read from every rank, combined (``kind``: "sum" or "mean_var"), written
     to ``dst`` on every rank. The launch sequence splits there."""
     name: str
-    phase: str
+    phase: Phase
     after: str
     kind: str
     src: str
@@ -85,9 +86,11 @@ class Resident:
         return sum(n for _, n in self.losses)
 
 
-# "gradient": launches storing a parameter gradient that train_step's optimizer forms itself
+# The phases of a plan's launches, in plan order (policy/kinds.py says what each is).
+# Phase.GRADIENT: launches storing a parameter gradient that train_step's optimizer forms itself
 # (kernels.base.OuterGradient): gradients() runs them in their place in the backward pass.
-PHASES = ("infer", "forward", "loss", "backward", "gradient", "update_state", "optimizer")
+PHASES = (Phase.INFER, Phase.FORWARD, Phase.LOSS, Phase.BACKWARD, Phase.GRADIENT,
+          Phase.UPDATE_STATE, Phase.OPTIMIZER)
 
 
 @dataclass
@@ -119,7 +122,7 @@ class Plan:
     seed: int = 0               # the compile seed (kernels may take it: runtime/abi.py)
     rank: int = 0               # this process's rank of ``ranks``
     host_steps: list = field(default_factory=list)   # HostStep: collectives between launches
-    # The plan kernel that runs launch sequences in one launch (compiler/persistent.py), or None
+    # The plan kernel that runs launch sequences in one launch (compiler/plan_kernel.py), or None
     # and why not.
     plan_kernel: object = None
     plan_kernel_why: str = "the device's target does not ask for one"

@@ -12,6 +12,7 @@ from sympy.codegen.cfunctions import log1p
 from sympy.printing.c import C99CodePrinter
 
 from ..errors import GraphError
+from .kinds import DerivKind
 
 x = sp.Symbol("x", real=True)
 
@@ -128,18 +129,23 @@ OUTPUT_DERIVATIVES = {
     "relu": sp.Piecewise((1, y > 0), (0, True)),
     "leaky_relu": sp.Piecewise((1, y > 0), (sp.Rational(1, 100), True)),
 }
-OF_OUTPUT = "@y"     # a derivative kind "tanh@y": act' written in the output y
 
 
 def of_output(kind):
-    """``kind`` marked as differentiated from its output where it can be, else ``kind``."""
-    return kind + OF_OUTPUT if kind in OUTPUT_DERIVATIVES else kind
+    """The DerivKind of activation ``kind`` differentiated from its output where it can be
+    (``OUTPUT_DERIVATIVES``: "tanh@y"), else from its pre-activation ("gelu")."""
+    return DerivKind(kind, kind in OUTPUT_DERIVATIVES)
+
+
+def derivative_c(kind, var="x"):
+    """C expression of act'(var), from sympy.diff; for a DerivKind ``of_output`` ("<act>@y"),
+    of act' in terms of the output, var being the output. ``kind``: a DerivKind, or an
+    activation's name (its derivative in the pre-activation)."""
+    return _derivative_c(DerivKind.of(kind), var)
 
 
 @lru_cache(maxsize=None)
-def derivative_c(kind, var="x"):
-    """C expression of act'(var), from sympy.diff; for "<act>@y" (``of_output``), of act' in
-    terms of the output, var being the output."""
-    if kind.endswith(OF_OUTPUT):
-        return _print(OUTPUT_DERIVATIVES[kind[:-len(OF_OUTPUT)]].subs(y, x), var)
-    return _print(sp.diff(ACTIVATIONS[check(kind)], x), var)
+def _derivative_c(kind, var):
+    if kind.of_output:
+        return _print(OUTPUT_DERIVATIVES[kind.act].subs(y, x), var)
+    return _print(sp.diff(ACTIVATIONS[check(kind.act)], x), var)

@@ -1,4 +1,4 @@
-"""Launch sequences through the plan kernel (compiler/persistent.py): each run of consecutive
+"""Launch sequences through the plan kernel (compiler/plan_kernel.py): each run of consecutive
 launches that are phases of it becomes one enqueue of the plan kernel, with a bitset buffer
 naming those phases; a launch apart stays its own enqueue. Both go through the executor's
 submission path (submit.py), so the plan kernel is one more pre-bound launch to it.
@@ -8,15 +8,14 @@ OpenCL does not promise. On a GPU one work-group per compute unit fits (its loca
 of the largest phase, and a work-group of 256 always fits one unit's registers); CPU runtimes
 may run work-groups one after another on a thread, so there the plan kernel takes one
 work-group. KILNET_PLAN_GROUPS sets another count (for measurements). A wait at the barrier
-that gives up flags the plan kernel (see persistent.SPINS); the first run of each sequence is
+that gives up flags the plan kernel (see compiler.plan_kernel.SPINS); the first run of each sequence is
 checked, and a flag raises a DeviceError rather than returning wrong numbers.
 """
-import os
 from collections import namedtuple
 
 import numpy as np
 
-from ..errors import CompileError, DeviceError
+from ..errors import DeviceError
 
 GROUPS_ENV = "KILNET_PLAN_GROUPS"
 # Spins of a work-group waiting at the grid barrier before it gives up and flags the plan kernel
@@ -30,7 +29,7 @@ def options(device):
     """Build options of the plan kernel.
 
     - The newest OpenCL C from 2.0 on that the device takes, for its device-scope fences
-      (persistent.PRELUDE). OpenCL C 1.2 has only mem_fence, whose scope is the work-group:
+      (compiler.plan_kernel.PRELUDE). OpenCL C 1.2 has only mem_fence, whose scope is the work-group:
       NVIDIA compiles it to membar.cta, which orders nothing between compute units (the plan
       kernel then read stale data on an H200), while an OpenCL C 2.0+ fence of device scope is
       membar.gl. NVIDIA's driver reports OpenCL C 1.2 but lists 3.0 among those it compiles.
