@@ -7,12 +7,12 @@ import numbers
 
 from .checkpoint import parse
 from .compiler.lower import check_loss_spec, lower
-from .errors import CheckpointError, CompileError, GraphError, KilnetError
+from .errors import CheckpointError, CompileError, GraphError, KilnetError, whole_number
 from .graph import Graph
 from .kernels.optimizers import Optimizer
 from .model import Model
 from .policy.target import Target, check as check_settings
-from .runtime import distributed
+from .runtime import distributed, mpi_comm
 from .runtime.device import select as select_device
 from .settings import read as read_settings
 
@@ -80,21 +80,28 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
                           input_grads=input_grads, debug_buffers=debug_buffers,
                           check_finite=check_finite, check_extents=check_extents, seed=seed)
         return Model(plan, device=dev, seed=seed, poison=poison)
-    distributed.check_comm(comm)          # before any collective or device work
+    return _compile_parallel(graph, batch, optimizer, loss, dtype, device, seed, input_grads,
+                             debug_buffers, check_finite, check_extents, poison, comm, overlap)
+
+
+def _compile_parallel(graph, batch, optimizer, loss, dtype, device, seed, input_grads,
+                      debug_buffers, check_finite, check_extents, poison, comm, overlap):
+    """``compile`` with ``comm``: every rank compiles, and all agree on one plan, or all raise."""
+    mpi_comm.check_comm(comm)          # before any collective or device work
     if not (isinstance(overlap, bool) or (isinstance(overlap, numbers.Integral) and overlap > 0)):
         raise CompileError(f"overlap must be False, True or a bucket size in bytes > 0, got "
                            f"{overlap!r}")
-    distributed.abort_on_uncaught_exception(comm)
+    mpi_comm.abort_on_uncaught_exception(comm)
     # Every rank takes rank 0's seed: its parameters (broadcast below) and its dropout masks,
     # so that N ranks of batch B draw what one process of batch N·B draws.
     seed = comm.bcast(seed, root=0)
-    local = distributed.local_rank(comm)
+    local = mpi_comm.local_rank(comm)
     plan = dev = None
-    limit = distributed.DEFAULT_TIMEOUT_S
+    limit = mpi_comm.DEFAULT_TIMEOUT_S
     try:        # a rank that fails here must still meet the others in `agree`, or they would wait
         settings = read_settings()
-        limit = distributed.limit_of(settings)
-        dev = distributed.rank_device(local, device, select_device, settings)
+        limit = mpi_comm.limit_of(settings)
+        dev = mpi_comm.rank_device(local, device, select_device, settings)
         plan, dev = _plan(graph, batch, optimizer, loss, dtype, device=dev, settings=settings,
                           input_grads=input_grads, debug_buffers=debug_buffers,
                           check_finite=check_finite, check_extents=check_extents, seed=seed,
@@ -114,17 +121,13 @@ def _plan(graph, batch, optimizer, loss, dtype, *, device, settings, input_grads
         raise GraphError(f"compile: expected a kn.Graph, got {type(graph).__name__}")
     if not graph.outputs:
         raise GraphError(f"graph {graph.name!r} has no outputs; mark one with g.output(name, value)")
-    if not isinstance(batch, numbers.Integral) or isinstance(batch, bool) or batch < 1:
-        raise CompileError(f"batch must be an int >= 1, got {batch!r}")
-    batch = int(batch)
+    batch = whole_number(batch, "batch", error=CompileError)
     if dtype not in DTYPES:
         raise CompileError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if optimizer is not None and not isinstance(optimizer, Optimizer):
         raise CompileError(f"optimizer must be an instance such as kn.SGD(lr, momentum) or "
                            f"kn.Adam(lr), got {optimizer!r}")
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
-        raise CompileError(f"seed must be an int >= 0, got {seed!r}")
-    seed = int(seed)
+    seed = whole_number(seed, "seed", least=0, error=CompileError)
     loss = check_loss_spec(graph, loss)
     if optimizer is not None and not loss:
         raise CompileError("an optimizer needs a loss: pass loss={output: kind}")
@@ -166,15 +169,14 @@ def load(path, device=None, batch=None, comm=None, overlap=False, inference=Fals
             architecture does not compile.
         CompileError: a bad batch or inference, inference=True with comm, or a bad device.
     """
-    if batch is not None and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
-        raise CompileError(f"load: batch must be None or an int >= 1, got {batch!r}")
+    batch = whole_number(batch, "load: batch", none=True, error=CompileError)
     if not isinstance(inference, bool):
         raise CompileError(f"load: inference must be True or False, got {inference!r}")
     if inference and comm is not None:
         raise CompileError("load: inference=True makes a model that does not train; it takes no "
                            "comm (load it in each process on its own)")
     if comm is not None:
-        distributed.check_comm(comm)
+        mpi_comm.check_comm(comm)
         error = None
         try:        # a rank that cannot read the file must not leave the others waiting
             parsed = parse(path)

@@ -18,12 +18,13 @@ import tempfile
 
 import numpy as np
 
-from .errors import CheckpointError, KilnetError
+from .errors import CheckpointError, KilnetError, whole_number
+from .files import replace
 from .graph import from_dict, to_dict
 from .kernels.optimizers import from_config
 from .ops import get_op
 from .policy import names
-from .runtime.distributed import bcast_obj, limit_of
+from .runtime.mpi_comm import bcast_obj, limit_of
 
 NP_DTYPE = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64)}
 FORMAT = "kilnet-checkpoint"
@@ -116,7 +117,7 @@ def _save(model, path):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace(tmp, path)
         tmp = None
     except Exception as e:
         raise CheckpointError(f"{path}: saving the checkpoint failed, the previous file (if any) is "
@@ -124,14 +125,15 @@ def _save(model, path):
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-    try:
-        dfd = os.open(folder, os.O_RDONLY)
+    if os.name == "posix":   # Windows cannot open a folder as a file; NTFS journals the rename
         try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:  # some filesystems cannot fsync a directory; the rename is still atomic
-        pass
+            dfd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:  # some filesystems cannot fsync a directory; the rename is still atomic
+            pass
 
 
 def _read(path):
@@ -197,8 +199,7 @@ def parse(path):
         opt = header["optimizer"]
         optimizer = None if opt is None else from_config(opt["kind"], opt["config"])
         step = header["step"]
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        step = whole_number(step, "step", least=0, error=ValueError)
         dtype = c["dtype"]
         if dtype not in NP_DTYPE:
             raise ValueError(f"dtype must be one of {sorted(NP_DTYPE)}, got {dtype!r}")

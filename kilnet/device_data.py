@@ -24,7 +24,7 @@ from collections import deque
 
 import numpy as np
 
-from .errors import CompileError, FeedError, GraphError
+from .errors import CompileError, FeedError, GraphError, whole_number
 from .feeds import as_array, check_ids, index_bounds
 from .runtime.resident import DeviceArrays
 
@@ -129,7 +129,7 @@ def upload(model, feeds, targets=None):
         counts[f"{kind} {name!r}"] = a.shape[0]
         arrays.append(a)
     if len(set(counts.values())) > 1:
-        raise FeedError(f"upload: the arrays disagree on the number of samples: "
+        raise FeedError("upload: the arrays disagree on the number of samples: "
                         + ", ".join(f"{k} has {n}" for k, n in counts.items()))
     samples = arrays[0].shape[0]
     if samples < model.batch:
@@ -180,8 +180,7 @@ def train_steps(model, data, steps, shuffle=True, seed=None):
         raise CompileError(f"train_steps: model {model.graph.name!r} was compiled without an "
                            f"optimizer; compile it with optimizer=kn.SGD(...) or kn.Adam(...)")
     _check_data(model, data, "train_steps")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise GraphError(f"train_steps: steps must be an int >= 0, got {steps!r}")
+    steps = whole_number(steps, "train_steps: steps", least=0)
     if seed is not None:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise GraphError(f"train_steps: seed must be None or an int, got {seed!r}")

@@ -1,4 +1,5 @@
 """Every error kilnet raises on purpose is a KilnetError; the subclass says which stage refused."""
+import numbers
 import os
 import sys
 import warnings
@@ -96,3 +97,18 @@ class NonFiniteLoss(KilnetError):
 class RankTimeout(KilnetError):
     """A collective did not complete in time: another rank left (``sys.exit`` mid-training, which
     MPI sees as a clean exit) or is stuck. Uncaught, it aborts the job on every rank."""
+
+
+def is_whole(value, least=1):
+    """Whether ``value`` is an integer (a Python or numpy int, not a bool) of at least ``least``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
+
+
+def whole_number(value, what, least=1, none=False, error=GraphError):
+    """``value`` as an int where it is a whole number of at least ``least`` (or None, with
+    ``none``); else ``error`` saying "<what> must be [None or ]an int >= <least>, got <value>"."""
+    if none and value is None:
+        return None
+    if not is_whole(value, least):
+        raise error(f"{what} must be {'None or ' if none else ''}an int >= {least}, got {value!r}")
+    return int(value)

@@ -44,8 +44,8 @@ import numpy as np
 
 from .device_data import DeviceData, batch_of
 from .diagnose import data_message
-from .errors import CompileError, FeedError, GraphError, NonFiniteLoss
-from .runtime.distributed import allgather_obj, limit_of
+from .errors import CompileError, FeedError, GraphError, NonFiniteLoss, whole_number
+from .runtime.mpi_comm import allgather_obj, limit_of
 
 # fit on the device: steps per run of train_steps (one loss read, one update of the bar)
 SYNC_EVERY = 100
@@ -145,20 +145,17 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
     if "train_step" not in model.steps:
         raise CompileError(f"fit: model {model.graph.name!r} was compiled without an optimizer "
                            f"and a loss; compile it with optimizer=kn.SGD(...) or kn.Adam(...)")
-    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-        raise GraphError(f"fit: epochs must be an int >= 1, got {epochs!r}")
-    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
-        raise GraphError(f"fit: steps must be None or an int >= 1, got {steps!r}")
+    epochs = whole_number(epochs, "fit: epochs")
+    steps = whole_number(steps, "fit: steps", none=True)
     if on_non_finite not in ("raise", "return"):
         raise GraphError(f"fit: on_non_finite must be 'raise' or 'return', got {on_non_finite!r}")
-    if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
-        raise GraphError(f"fit: sync_every must be an int >= 1, got {sync_every!r}")
+    sync_every = whole_number(sync_every, "fit: sync_every")
     if on_device not in (None, True, False):
         raise GraphError(f"fit: on_device must be None, True or False, got {on_device!r}")
     ranks = getattr(model, "ranks", 1)
     if isinstance(batches, (list, tuple)):
         _check_batch_sizes(model, batches, ranks)
-    data, order = batches, None
+    data = batches
     if not isinstance(batches, DeviceData) and on_device is not False:
         data, why = _upload_batches(model, batches, ranks)
         if data is None and on_device:
@@ -168,8 +165,13 @@ def fit(model, batches, epochs=1, *, steps=None, progress=True, on_non_finite="r
     if isinstance(data, DeviceData):
         return _fit_on_device(model, data, epochs, steps, progress, on_non_finite, desc,
                               shuffle, sync_every)
-    if ranks > 1:
-        progress = progress and model.rank == 0
+    return _fit_host(model, batches, epochs, steps, progress and getattr(model, "rank", 0) == 0,
+                     on_non_finite, desc, ranks)
+
+
+def _fit_host(model, batches, epochs, steps, progress, on_non_finite, desc, ranks):
+    """fit on host batches: ``train_step`` on each (feeds, targets) pair, sharded over the ranks
+    of a data-parallel model."""
     if progress:
         from tqdm.auto import tqdm
     history = History()

@@ -8,18 +8,15 @@ import numpy as np
 from . import checkpoint, device_data, diagnose
 from .deploy import bundle, onnx
 from . import report as html_report
-from .errors import CompileError, FeedError, GraphError, KilnetError, NonFiniteLoss
+from .errors import CompileError, FeedError, GraphError, NonFiniteLoss, whole_number
 from .feeds import as_array, check_feeds, check_targets
 from .inspect import summary as summary_of
 from .ops import get_op
 from .profile import WHOLE_STEP, Profile, check_trace_path
 from .policy import names
+from .running import runner
 from .runtime import abi
-from .runtime import distributed
-from .runtime.executor import Executor
 from .settings import read as read_settings
-
-
 
 
 class Model:
@@ -55,20 +52,11 @@ class Model:
         self.batch, self.dtype, self.seed = plan.batch, plan.dtype, seed
         self.optimizer = plan.optimizer
         self.step = 0
+        # How the calls run: in this process, or as one rank of comm (running.py).
+        self._runner = runner(plan, device, poison, comm, overlap, self.settings)
+        self._exec = self._runner.exec
         # Data-parallel: the communicator, this process's rank and the number of ranks.
-        self.comm, self.rank, self.ranks = comm, 0, 1
-        self._dist = None
-        if comm is None:
-            self._exec = Executor(plan, device, poison=poison)
-        else:
-            error = None
-            try:                # a rank whose kernels fail to build must not leave the others waiting
-                self._exec = Executor(plan, device, poison=poison)
-            except KilnetError as e:
-                error = e
-            distributed.agree_ok(comm, error, distributed.limit_of(self.settings))
-            self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
-            self._dist = distributed.Replicas(comm, self._exec, plan, overlap)
+        self.comm, self.rank, self.ranks = comm, self._runner.rank, self._runner.ranks
         self.device = self._exec.device
         self._sequences()
         self.params = Params(self)
@@ -76,8 +64,7 @@ class Model:
         for name, p in self._param_specs().items():
             self._exec.write(name, p.initial(rng, self._exec.np_dtype))
         self._exec.finish()
-        if self._dist is not None:
-            self._dist.broadcast()
+        self._runner.started()
 
     # -- public calls ---------------------------------------------------------------------
     def forward(self, feeds):
@@ -112,19 +99,8 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays, step=True)
-            if self._dist is not None:
-                loss, bad = self._exchange(self._grad)
-                if not bad:
-                    self._dist.apply()
-                    # every rank's loss decides: the host sets the guard the updates read
-                    self._exec.write(names.STEP_OK, np.ones(1))
-                    self._run(self._train[len(self._grad):])     # state updates, optimizer
-                    self.step += 1
-            else:
-                self._run(self._train)       # the updates skip themselves on a non-finite loss
-                loss = self._loss()
-                if math.isfinite(loss):
-                    self.step += 1
+            loss, stepped = self._runner.train(self)
+            self.step += stepped
         if not math.isfinite(loss) and not skip_non_finite:
             raise self._non_finite("train_step", loss, arrays, tarrays)
         return loss
@@ -137,9 +113,9 @@ class Model:
             return FeedError(
                 f"{call}: {diagnose.data_message(found)}; nothing was updated (parameters, "
                 f"optimizer moments, statistics and step {self.step} are as they were)")
-        ranks = " on some rank" if self._dist is not None else ""
         return NonFiniteLoss(
-            f"{call}: model {self.graph.name!r}: the loss is {loss}{ranks} though the data is "
+            f"{call}: model {self.graph.name!r}: the loss is {loss}{self._runner.where} though "
+            f"the data is "
             f"finite; nothing was updated (step {self.step}). "
             f"model.first_non_finite(feeds, targets) names the first node that went non-finite; "
             f"a lower learning rate often helps", step=self.step + 1, loss=loss)
@@ -152,25 +128,7 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays, step=True)
-            out = Gradients()
-            if self._dist is not None:
-                # The mean over ranks, as one process with the whole batch would have it; input
-                # gradients stay this rank's samples', in the units of the global mean loss.
-                out.loss, _ = self._exchange(self._grad)
-                host, k = self._dist.host, 1.0 / self.ranks
-                for name, buf in self.plan.grads.items():
-                    b = self.plan.buffers[buf]
-                    out[name] = (host[b.offset:b.offset + b.size] * k).reshape(b.shape)
-                for name, buf in self.plan.input_grad_buffers.items():
-                    out[name] = (self._exec.read(buf) * k).reshape(self.plan.buffers[buf].shape)
-                return out
-            self._run(self._grad)
-            for name, buf in self.plan.grads.items():
-                out[name] = self._exec.read(buf).reshape(self.plan.buffers[name].shape)
-            for name, buf in self.plan.input_grad_buffers.items():
-                out[name] = self._exec.read(buf).reshape(self.plan.buffers[buf].shape)
-            out.loss = self._loss()
-        return out
+            return self._runner.gradients(self, Gradients())
 
     def upload(self, feeds, targets=None):
         """Copy whole arrays to the device once (first axis = samples, any count >= batch), for
@@ -199,10 +157,7 @@ class Model:
         tarrays = self._targets(targets)
         with self._exec.lock:
             self._upload(arrays, tarrays, step=True)
-            self._run(self._eval)
-            if self._dist is not None:         # the mean over ranks: the whole batch's loss
-                return float(self._dist.allreduce_sum([self._loss()])[0]) / self.ranks
-            return self._loss()
+            return self._runner.evaluate(self)
 
     @property
     def kernels(self):
@@ -245,12 +200,10 @@ class Model:
         call then changes the model as ``repeat + 1`` calls would."""
         if call not in self.steps:
             raise GraphError(f"profile: call must be one of {sorted(self.steps)}, got {call!r}")
-        if self._dist is not None:
-            raise CompileError(f"profile: model {self.graph.name!r} is data-parallel (comm=); its "
-                               f"launches time as in one process: profile a model compiled "
-                               f"without comm")
-        if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
-            raise GraphError(f"profile: repeat must be an int >= 1, got {repeat!r}")
+        refused = self._runner.refuse_profile(self)
+        if refused is not None:
+            raise refused
+        repeat = whole_number(repeat, "profile: repeat")
         if trace is not None:
             trace = check_trace_path(trace)
         n, arrays = self._feeds(feeds, partial=call == "forward")
@@ -316,52 +269,15 @@ class Model:
         return found[0] if found else None
 
     def _run(self, seq):
-        """Run ``seq``; with check_finite a launch at a time, raising NonFiniteLoss at the first
-        non-finite output, so before the update launches (which come last) change anything."""
-        if not self.plan.check_finite:
-            self._launch(seq)
-            return
-
-        def stop(report):
-            raise NonFiniteLoss(f"check_finite: model {self.graph.name!r}: "
-                                + NonFiniteLoss.describe(report),
-                                report=report)
-        self._launch(seq, after=diagnose.watch(self.plan, self.graph, seq, self._exec.read, stop))
+        """Run ``seq`` as this model's calls run it (running.py: checked under check_finite, with
+        a data-parallel plan's host steps)."""
+        self._runner.run(self, seq)
 
     def _launch(self, seq, after=None):
-        """Enqueue ``seq``; a data-parallel plan stops at its host steps to run them."""
-        if not self.plan.host_steps:
-            self._exec.run(seq, after)
-            return
-        distributed.run_host_steps(seq, self.plan, self._exec.run, self._dist.host_step, after)
+        self._runner.launch(seq, after)
 
-    def _exchange(self, seq):
-        """Data-parallel: run ``seq`` (forward, loss, backward) and sum the gradients over the
-        ranks (kept on the host until ``_dist.apply``); returns (the mean loss over ranks, how
-        many ranks had a non-finite loss)."""
-        total, bad = self._dist.exchange(seq, self._run, self._read_loss)
-        loss = total / self.ranks
-        return (math.nan if bad and math.isfinite(loss) else loss), bad
-
-    def _read_loss(self, blocking=True):
-        """This rank's loss as a callable: with ``blocking=False`` the read is only enqueued,
-        and the call waits for it. The loss parts lie in the loss arena: one copy of the span
-        that holds them all (on an H200 each blocking read is an enqueue and a round trip)."""
-        bufs = [self.plan.buffers[name] for name in self.plan.losses]
-        lo = min((b.offset for b in bufs), default=0)
-        hi = max((b.offset + b.size for b in bufs), default=0)
-        assert all(b.role == "loss" for b in bufs), [b.role for b in bufs]
-        out = np.empty(hi, self._exec.np_dtype)
-        events = self._exec.read_span("loss", lo, hi, out, blocking=blocking)
-
-        def total():
-            for ev in events:
-                ev.wait()
-            return device_data.loss_total([out[b.offset:b.offset + b.size] for b in bufs])
-        if blocking:
-            loss = total()
-            return lambda: loss
-        return total
+    def _loss(self):
+        return self._runner.loss()
 
     def _write_step(self):
         """Write the scalar buffer for the step about to run, number ``step + 1``: what the
@@ -449,9 +365,6 @@ class Model:
         if not self.plan.training:
             raise CompileError(f"{what}: model {self.graph.name!r} was compiled without a loss; "
                                f"compile it with loss={{output: kind}}")
-
-    def _loss(self):
-        return self._read_loss()()
 
     def _upload(self, feeds, targets=None, step=False):
         """Stage ``feeds`` and ``targets`` (and with ``step`` the step's scalars, _write_step):

@@ -85,7 +85,7 @@ def equivalence(out):
         rec = {"losses": losses, "samples": samples, "digest": digest(params_of(model)),
                "state_digest": digest({k: model.params[k] for k in model.plan.state}),
                # the gradient exchange's host copy and its persistent all-reduce requests
-               "staging": model._dist.staging, "persistent": model._dist.requests is not None}
+               "staging": model._runner.replicas.staging, "persistent": model._runner.replicas.requests is not None}
         if rank == 0:
             ref = kn.compile(graph(bn=bn, drop=drop), batch=N * B, optimizer=opt(), loss="mse",
                              dtype="float64", seed=0)
@@ -118,7 +118,7 @@ def equivalence(out):
                 rec["ckpt_step"] = one.step
                 rec["ckpt_err"] = max_rel(params_of(one), params_of(model))
                 rec["ckpt_loss_err"] = max(abs(a - b) for a, b in zip(after, one_losses))
-        model._dist.close()         # requests freed, host copy unmapped and released
+        model._runner.replicas.close()         # requests freed, host copy unmapped and released
         report[name] = rec
 
     # A NaN on rank 1 only: every rank sees the non-finite loss and skips the update.

@@ -257,10 +257,10 @@ def test_the_simulator_is_taken_only_by_name(fresh, monkeypatch):
 def test_a_data_parallel_rank_never_defaults_to_the_simulator(fresh):
     """rank_device takes the node's GPUs by index: Oclgrind's device, which calls itself a GPU,
     is not one of them (a rank on it ran a W1 step in 30 s instead of 9 ms)."""
-    from kilnet.runtime import distributed
+    from kilnet.runtime import mpi_comm
     pretend({pd[3]: None for pd in devmod._pairs()})
     for local in range(3):
-        d = distributed.rank_device(local, None, devmod.select, read_settings())
+        d = mpi_comm.rank_device(local, None, devmod.select, read_settings())
         assert devmod.implementation(d) != "oclgrind", local
 
 

@@ -24,11 +24,11 @@ def raises(exc, fn, *fragments):
 @pytest.fixture
 def no_device(monkeypatch):
     """Fail the test if a model reaches the device (allocation, kernel builds)."""
-    import kilnet.model
+    import kilnet.running
 
     def executor(*a, **k):
         raise AssertionError("a refused compile reached the device")
-    monkeypatch.setattr(kilnet.model, "Executor", executor)
+    monkeypatch.setattr(kilnet.running, "Executor", executor)
 
 
 # -- graph building -------------------------------------------------------------------------
@@ -194,8 +194,8 @@ def test_optimizer_hyperparameters(make, fragments):
 def test_opencl_build_failure_names_the_kernel_shows_the_log_and_the_line(monkeypatch):
     real = render_mod.render
 
-    def broken(template, consts, names, access):
-        src = real(template, consts, names, access)
+    def broken(template, consts, names, access, **kw):
+        src = real(template, consts, names, access, **kw)
         if template == "activation":
             lines = src.splitlines()
             lines.insert(len(lines) // 2, "    int broken_here = ;")
