@@ -33,6 +33,7 @@ from . import report as html_report
 from .errors import KilnetError
 from .inspect import arg_list, kernel_table, memory_table
 from .model import Model
+from .runtime import icd
 from .runtime.device import devices, select
 from .runtime.progress import Progress
 from .settings import read as read_settings
@@ -46,6 +47,10 @@ class UsageError(Exception):
 
 # -- devices --------------------------------------------------------------------------------
 def cmd_devices(args):
+    if getattr(args, "register", False):        # Windows: the Khronos loader's registry key
+        code, text = icd.register_system()
+        print(text)
+        return code
     rows = devices(check=True)
     if not rows:
         print("OpenCL reports no device")
@@ -347,6 +352,10 @@ def parser():
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     p = sub.add_parser("devices", help="list the OpenCL devices kilnet can use")
+    p.add_argument("--register", action="store_true",
+                   help="Windows, as administrator: register Intel's CPU runtime under "
+                        "HKLM\\SOFTWARE\\Khronos\\OpenCL\\Vendors, which elevated processes "
+                        "read (elsewhere: says it is not needed)")
     p.set_defaults(func=cmd_devices)
     p = sub.add_parser("inspect", help="show the kernels, sources and memory of a model or bundle",
                        description="Load TARGET (file.py, file.py:function or module:function), call "

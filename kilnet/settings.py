@@ -4,7 +4,10 @@ kernels are specialised for records the compile-time ones and the plan the whole
 nothing reads the environment after that, and ``summary()`` and an export bundle say which
 differ from their defaults. Other entry points (``kilnet devices``, ``kilnet tune``) read them
 where they start."""
+import ntpath
 import os
+import posixpath
+import sys
 from dataclasses import dataclass, field, fields
 
 from .errors import CompileError
@@ -81,15 +84,17 @@ class Settings:
                                      "model's programs at once, on Intel's CPU runtime (default: "
                                      "the cores this process may use; 1: this one alone)")
     cache_dir: str = _variable("KILNET_CACHE_DIR", _text, "the cache folder (default "
-                               "$XDG_CACHE_HOME/kilnet or ~/.cache/kilnet)")
+                               "$XDG_CACHE_HOME/kilnet, else on Windows %LOCALAPPDATA%\\kilnet, "
+                               "else ~/.cache/kilnet)")
     mpi_timeout: float = _variable("KILNET_MPI_TIMEOUT", _seconds, "seconds a rank waits for "
                                    "the others (0: forever; default 600)")
     xdg_cache_home: str = None     # not kilnet's: where the default cache folder goes
+    default_cache: str = None      # the cache folder where KILNET_CACHE_DIR is unset (read())
 
     @property
     def cache(self):
-        base = self.xdg_cache_home or os.path.join(os.path.expanduser("~"), ".cache")
-        return self.cache_dir or os.path.join(base, "kilnet")
+        return self.cache_dir or self.default_cache or default_cache_dir(
+            {"XDG_CACHE_HOME": self.xdg_cache_home} if self.xdg_cache_home else {})
 
     def changed(self):
         """{variable: value} of those set, in VARIABLES' order."""
@@ -101,6 +106,21 @@ class Settings:
         set_ = self.changed()
         return ("settings: " + ", ".join(f"{k}={v}" for k, v in set_.items()) if set_
                 else "settings: every KILNET_* variable at its default")
+
+
+def default_cache_dir(environ=None, platform=None):
+    """The cache folder where KILNET_CACHE_DIR is unset: $XDG_CACHE_HOME/kilnet, else on Windows
+    %LOCALAPPDATA%\\kilnet, else ~/.cache/kilnet (~ being %USERPROFILE% on Windows, $HOME
+    elsewhere). The C runner (runner/kilnet_run.c) finds it by the same rule."""
+    environ = os.environ if environ is None else environ
+    windows = (platform or sys.platform) == "win32"
+    path = ntpath if windows else posixpath
+    if environ.get("XDG_CACHE_HOME"):
+        return path.join(environ["XDG_CACHE_HOME"], "kilnet")
+    if windows and environ.get("LOCALAPPDATA"):
+        return path.join(environ["LOCALAPPDATA"], "kilnet")
+    home = environ.get("USERPROFILE" if windows else "HOME") or os.path.expanduser("~")
+    return path.join(home, ".cache", "kilnet")
 
 
 # field: (variable, parse, what it does), for every field read from the environment.
@@ -117,4 +137,5 @@ def read(environ=None):
         raw = environ.get(name)
         if raw:
             values[key] = parse(name, raw)
-    return Settings(xdg_cache_home=environ.get("XDG_CACHE_HOME") or None, **values)
+    return Settings(xdg_cache_home=environ.get("XDG_CACHE_HOME") or None,
+                    default_cache=default_cache_dir(environ), **values)

@@ -282,8 +282,19 @@ def runner_env():
     return {k: v for k, v in env.items() if k not in ("OCL_ICD_VENDORS", "KILNET_OPENCL_LIBRARY")}
 
 
+def windows_resolution(cmd, ws):
+    """docs/guides/windows.md: uv resolves the checkout's pyproject.toml for Windows (from the
+    checkout, which the line names); the CPU runtime is in what it prints."""
+    out = sh(cmd, ROOT)
+    for name in ("intel-opencl-rt==", "tbb==", "pyopencl=="):
+        assert name in out, f"`{cmd}` resolved no {name}:\n{out[-3000:]}"
+    assert "pocl-binary-distribution" not in out
+
+
 QUICK = "--steps 1 --warmup 0"
 RULES = [
+    (r"uv pip compile --python-platform x86_64-pc-windows-msvc pyproject\.toml$",
+     windows_resolution),
     (r"pip install ", pip_install),
     (r"mpiexec -n \d+ python train\.py$", mpi_run),
     (r"kilnet inspect mypkg\.models:make_graph", inspect_module),

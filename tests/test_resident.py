@@ -14,7 +14,7 @@ import kilnet as kn
 from kilnet import device_data
 from kilnet.compiler.lower import lower
 from kilnet.policy.target import Target
-from kilnet.runtime import submit
+from kilnet.runtime import command_buffer, submit
 
 
 def two_in_two_out():
@@ -294,7 +294,7 @@ def test_a_checkpoint_between_runs_resumes_as_if_uninterrupted(tmp_path):
 
 def submit_paths():
     from kilnet.runtime import device as devmod
-    offers = submit.EXTENSION in devmod.select(None).extensions.split()
+    offers = command_buffer.EXTENSION in devmod.select(None).extensions.split()
     return [p for p in submit.PATHS if p != "command_buffer" or offers]
 
 

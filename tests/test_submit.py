@@ -13,7 +13,7 @@ import pytest
 
 import kilnet as kn
 from kilnet.runtime import device as devmod
-from kilnet.runtime import executor, staging, submit
+from kilnet.runtime import cl_ctypes, command_buffer, executor, staging, submit
 from devices_here import CPU_IMPLEMENTATIONS
 
 B = 5
@@ -21,7 +21,7 @@ B = 5
 
 def offers_command_buffers(implementation):
     d = devmod.select(implementation)
-    return submit.EXTENSION in d.extensions.split()
+    return command_buffer.EXTENSION in d.extensions.split()
 
 
 CASES = [(impl, path) for impl in CPU_IMPLEMENTATIONS for path in submit.PATHS
@@ -93,7 +93,7 @@ def test_the_rules_before_version_0_9_8_replay_correctly(monkeypatch, policy):
     """Devices with an older extension: created simultaneous-use, or each replay waiting for
     the previous one of its buffer. Intel's runtime (1.0.0, simultaneous use) can run both."""
     want = trace(compile_with(monkeypatch, "pyopencl", "intel"))
-    monkeypatch.setattr(submit, "replay_policy", lambda version, caps: policy)
+    monkeypatch.setattr(command_buffer, "replay_policy", lambda version, caps: policy)
     model = compile_with(monkeypatch, "command_buffer", "intel")
     assert (model._exec.submit.ext.simultaneous_flag, model._exec.submit.ext.wait) == policy
     assert_identical(trace(model), want)
@@ -101,13 +101,13 @@ def test_the_rules_before_version_0_9_8_replay_correctly(monkeypatch, policy):
 
 
 def test_replay_policy_by_version_and_capability():
-    simultaneous = submit.CL_COMMAND_BUFFER_CAPABILITY_SIMULTANEOUS_USE_KHR
+    simultaneous = command_buffer.CL_COMMAND_BUFFER_CAPABILITY_SIMULTANEOUS_USE_KHR
     for version in [(0, 9, 8), (1, 0, 0)]:
-        assert submit.replay_policy(version, 0) == (False, False)
-        assert submit.replay_policy(version, simultaneous) == (False, False)
+        assert command_buffer.replay_policy(version, 0) == (False, False)
+        assert command_buffer.replay_policy(version, simultaneous) == (False, False)
     for version in [None, (0, 9, 0), (0, 9, 7)]:
-        assert submit.replay_policy(version, simultaneous) == (True, False)
-        assert submit.replay_policy(version, 0b11) == (False, True)
+        assert command_buffer.replay_policy(version, simultaneous) == (True, False)
+        assert command_buffer.replay_policy(version, 0b11) == (False, True)
 
 
 @pytest.mark.parametrize("implementation, path", CASES)
@@ -140,7 +140,7 @@ def devices_without_command_buffers():
     found = []
     for p in cl.get_platforms():
         for d in p.get_devices():
-            if submit.EXTENSION not in d.extensions.split():
+            if command_buffer.EXTENSION not in d.extensions.split():
                 found.append(d)
     return found
 
@@ -166,13 +166,14 @@ def test_a_forced_path_the_device_cannot_do_is_refused_before_kernels_are_built(
     if offers_command_buffers(implementation):
         # a device that builds and lacks the extension may not exist here (on a Zen 5 only
         # Intel's runtime builds, and it offers it): ask for an extension no device has
-        monkeypatch.setattr(submit, "EXTENSION", "cl_kilnet_no_such_extension")
+        monkeypatch.setattr(command_buffer, "EXTENSION", "cl_kilnet_no_such_extension")
     monkeypatch.setenv(submit.ENV, "command_buffer")
     monkeypatch.setattr(executor, "build", no_device_work)
     d = devmod.select(implementation)
+    ext = command_buffer.EXTENSION
     with pytest.raises(kn.CompileError, match=rf"^KILNET_ENQUEUE=command_buffer: command buffers "
-                                              rf"cannot be used on {re.escape(submit.where(d))}: "
-                                              rf"the device does not offer {submit.EXTENSION}$"):
+                                              rf"cannot be used on {re.escape(cl_ctypes.where(d))}: "
+                                              rf"the device does not offer {ext}$"):
         kn.compile(graph(), batch=B, device=implementation)
 
 
@@ -220,7 +221,7 @@ def test_a_failing_enqueue_is_a_device_error_with_the_code_name(implementation, 
     s = submit.choose(ex.device, ex.queue, bound, request=path)
     with pytest.raises(kn.DeviceError) as e:
         s.run([launch])
-    failed = f"failed on {submit.where(ex.device)}: "
+    failed = f"failed on {cl_ctypes.where(ex.device)}: "
     if path == "ctypes":
         assert str(e.value) == (f"clEnqueueNDRangeKernel (launch {launch.name}) {failed}"
                                 f"CL_INVALID_WORK_GROUP_SIZE (-54)")
@@ -233,9 +234,9 @@ def test_a_failing_enqueue_is_a_device_error_with_the_code_name(implementation, 
 
 
 def test_error_names_include_the_command_buffer_codes():
-    assert submit.error_name(-5) == "CL_OUT_OF_RESOURCES"
-    assert submit.error_name(-1138) == "CL_INVALID_COMMAND_BUFFER_KHR"
-    assert submit.error_name(-99999) == "unknown OpenCL error -99999"
+    assert cl_ctypes.error_name(-5) == "CL_OUT_OF_RESOURCES"
+    assert cl_ctypes.error_name(-1138) == "CL_INVALID_COMMAND_BUFFER_KHR"
+    assert cl_ctypes.error_name(-99999) == "unknown OpenCL error -99999"
 
 
 def test_the_benchmark_compares_every_path_the_device_offers(monkeypatch, capsys):

@@ -35,6 +35,7 @@ from ..compiler.lower import relower
 from ..compiler.render import one_program
 from ..errors import BundleError
 from ..feeds import index_bounds
+from ..files import replace
 from ..policy import names
 from ..policy.dtypes import CTYPE
 from ..policy.target import Target, vector_bytes_of
@@ -320,14 +321,14 @@ def export(model, path, target=None, train=False):
                 os.fsync(f.fileno())
         if os.path.isdir(path) and os.listdir(path):
             old = tempfile.mkdtemp(prefix=".kilnet-old-", dir=parent)
-            os.replace(path, os.path.join(old, "bundle"))
+            replace(path, os.path.join(old, "bundle"))
         elif os.path.isdir(path):
             os.rmdir(path)
-        os.replace(tmp, path)
+        replace(tmp, path)
         tmp = None
     except OSError as e:
         if old is not None and not os.path.exists(path):
-            os.replace(os.path.join(old, "bundle"), path)     # put the previous bundle back
+            replace(os.path.join(old, "bundle"), path)     # put the previous bundle back
         raise BundleError(f"export: writing the bundle {path} failed; nothing was left there "
                           f"({type(e).__name__}: {e})") from e
     finally:

@@ -40,6 +40,7 @@ import jinja2
 
 from . import bundle as bundle_mod, bundle_read
 from ..errors import BundleError
+from ..files import replace
 from ..runtime import abi
 
 REFERENCE = {
@@ -230,5 +231,5 @@ def write(bundle, out):
         tmp = path + ".tmp"
         with open(tmp, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        replace(tmp, path)
     return out

@@ -23,6 +23,7 @@ import tempfile
 import numpy as np
 
 from ..errors import BundleError
+from ..files import replace
 from .bundle import make_folder
 from ..graph import get_op
 from ..kernels.base import Op
@@ -206,7 +207,7 @@ def export_onnx(model, path):
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        replace(tmp, path)
     except OSError as err:
         raise BundleError(f"export_onnx: writing {path} failed ({err}); nothing was left there") from None
     finally:
@@ -299,5 +300,5 @@ def write_mql5_script(model, onnx_path, out):
     tmp = out + ".tmp"
     with open(tmp, "wb") as f:
         f.write(text.encode("ascii"))
-    os.replace(tmp, out)
+    replace(tmp, out)
     return out

@@ -129,7 +129,7 @@ def _probe_file():
 
 def _load_probes():
     try:
-        with open(_probe_file()) as f:
+        with open(_probe_file(), encoding="utf-8") as f:
             return json.load(f)
     except (OSError, ValueError):
         return {}

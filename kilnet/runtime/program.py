@@ -10,8 +10,9 @@ run on a fresh machine, pays nothing extra; the second costs that once; later on
 binaries. Elsewhere the binary is there already and saved at once: Intel's CPU runtime handed
 over 8 of W1's kernels' binaries in 1 ms (their builds took 2.3 s), so a second compile of W1
 at batch 64 no longer builds it all again (7.3 s, 2-core EPYC).
-KILNET_CACHE_DIR moves the cache (default: $XDG_CACHE_HOME/kilnet or ~/.cache/kilnet; the
-plan's settings say which); an unreadable entry is rebuilt from source and replaced."""
+KILNET_CACHE_DIR moves the cache (default: $XDG_CACHE_HOME/kilnet, else on Windows
+%LOCALAPPDATA%\\kilnet, else ~/.cache/kilnet: settings.default_cache_dir; the plan's settings
+say which); an unreadable entry is rebuilt from source and replaced."""
 import hashlib
 import json
 import os
@@ -60,7 +61,7 @@ def _from_disk(cl, ctx, path):
 def _mark(path):
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        open(path, "a").close()
+        open(path, "ab").close()
     except OSError:
         pass
 
@@ -95,7 +96,7 @@ def build(device_ctx, kname, source, options=(), *, cache_dir, dump=None):
     if program is None:
         if dump:
             os.makedirs(dump, exist_ok=True)
-            with open(os.path.join(dump, f"{kname}.cl"), "w") as f:
+            with open(os.path.join(dump, f"{kname}.cl"), "w", encoding="utf-8") as f:
                 f.write(source)
         stem = cache_stem(ctx.devices[0], source, options, cache_dir)
         path = stem + ".bin"
@@ -124,7 +125,7 @@ def build(device_ctx, kname, source, options=(), *, cache_dir, dump=None):
             log = "\n".join(program.get_build_info(d, cl.program_build_info.LOG).strip()
                             for d in ctx.devices)
             if log.strip():
-                with open(os.path.join(dump, f"{kname}.log"), "w") as f:
+                with open(os.path.join(dump, f"{kname}.log"), "w", encoding="utf-8") as f:
                     f.write(log + "\n")
         cache[key] = program
     return program
@@ -135,10 +136,12 @@ def processes_for(setting):
     else the cores this process may run on."""
     if setting is not None:
         return setting
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):         # Linux; Windows and macOS have no such call
+        try:
+            return len(os.sched_getaffinity(0))
+        except OSError:
+            pass
+    return os.cpu_count() or 1
 
 
 def missing_from(device_ctx, items, cache_dir):
