@@ -83,7 +83,10 @@ BUCKET_BYTES = 4 << 20      # kilnet's overlap=True buckets (distributed.DEFAULT
 
 def calls(comm, MPI, n):
     """{key: (what, make)}: make() allocates what a call needs (outside the timing) and returns
-    the call. Buffers hold 1.0 (in-place sums double them: 2**30 after 30 calls, no overflow)."""
+    the call. Buffers hold 1.0 (in-place sums double them: 2**30 after 30 calls, no overflow).
+
+    Long because it is a table: one short maker per way of all-reducing, each a closure over the
+    same communicator, sizes and helpers, read one entry at a time."""
     size, rank = comm.Get_size(), comm.Get_rank()
     F = MPI.FLOAT
 
@@ -107,12 +110,12 @@ def calls(comm, MPI, n):
         return lambda: sleepy_wait(MPI, [comm.Iallreduce(MPI.IN_PLACE, [a, F], op=MPI.SUM)])
 
     def iar_kw():
-        from kilnet.runtime.distributed import wait
+        from kilnet.runtime.mpi_comm import wait
         a = touched()
         return lambda: wait([comm.Iallreduce(MPI.IN_PLACE, [a, F], op=MPI.SUM)], "benchmark")
 
     def ar_init_kw():
-        from kilnet.runtime.distributed import wait
+        from kilnet.runtime.mpi_comm import wait
         a = touched()
         req = comm.Allreduce_init(MPI.IN_PLACE, [a, F], op=MPI.SUM)
 
@@ -297,7 +300,7 @@ def header(comm, MPI, args):
 def measure(args):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
 
     def say(*a):
         if rank == 0:

@@ -53,13 +53,13 @@ program.build = exm.build = counted
 if {eager!r}:
     exm.Executor._phase_only = lambda self: set()
 import numpy as np
-import vs_pytorch as vs
-g, loss, _ = getattr(vs, {workload!r} + "_graph")()
+import workloads
+g, loss, _ = getattr(workloads, {workload!r} + "_graph")()
 t = time.perf_counter()
 m = kn.compile(g, batch={batch}, optimizer=kn.Adam(), loss={{list(g.outputs)[0]: loss}},
                device={device!r})
 t_compile = time.perf_counter() - t
-feeds, targets = vs.float32(list(getattr(vs, {workload!r} + "_data")(np.random.default_rng(0), {batch})))
+feeds, targets = workloads.float32(list(getattr(workloads, {workload!r} + "_data")(np.random.default_rng(0), {batch})))
 t = time.perf_counter()
 m.train_step(feeds, targets)
 t_step = time.perf_counter() - t

@@ -27,12 +27,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import warnings  # noqa: E402
 
 import kilnet as kn  # noqa: E402
-import vs_pytorch as vs  # noqa: E402
 from kilnet.deploy import bundle as bundle_mod  # noqa: E402
 from kilnet.compiler.lower import lower  # noqa: E402
 from kilnet.policy.target import Target  # noqa: E402
 from kilnet.runtime import device as devmod  # noqa: E402
 from kilnet.settings import read  # noqa: E402
+from workloads import w1_graph  # noqa: E402
 
 THREADS = 8
 
@@ -58,7 +58,7 @@ def main(argv=None):
     probe = devmod._probe_in_child(pi, di, dev)
     t_probe = time.perf_counter() - t
     settings = read()
-    g, loss, _ = vs.w1_graph()
+    g, loss, _ = w1_graph()
     t = time.perf_counter()
     plan = lower(g, a.batch, kn.Adam(), {"probs": loss}, "float32",
                  target=Target.of(dev, settings), settings=settings)
@@ -97,7 +97,7 @@ def main(argv=None):
     _, t_one = built("all", source + "\n/* one */\n")
     print(f"the separate launches' {len({la.kernel for la in separate})} kernels as one program: "
           f"{t_one:.2f} s ({len(source) // 1000} kB)"
-          + (f"; with the plan kernel alongside in 2 threads: " if pk else ""), end="")
+          + ("; with the plan kernel alongside in 2 threads: " if pk else ""), end="")
     if pk:
         t = time.perf_counter()
         with ThreadPoolExecutor(2) as ex:
@@ -105,10 +105,16 @@ def main(argv=None):
                                                 (pk, plan.sources[pk] + "\n/* two */\n")]))
         print(f"{time.perf_counter() - t:.2f} s", end="")
     print()
-    # program.build_all as a compile runs it: in child processes too where the runtime allows
-    # (IN_CHILDREN), into this run's empty cache, the sources varied again
+    build_all_times(ctx, dev, vary, pk, settings, a.children)
+    return 0
+
+
+def build_all_times(ctx, dev, vary, pk, settings, children):
+    """program.build_all as a compile runs it: in child processes too where the runtime allows
+    (IN_CHILDREN; ``children``: on this implementation too), into this run's empty cache, the
+    sources varied again; in one process, then in as many as the cores."""
     from kilnet.runtime import program
-    if a.children:
+    if children:
         program.IN_CHILDREN = program.IN_CHILDREN + (devmod.implementation(dev),)
     cores = program.processes_for(None)
     for procs in (1, cores) if cores > 1 else (1,):
@@ -121,7 +127,6 @@ def main(argv=None):
               f"process(es): {time.perf_counter() - t:.2f} s "
               f"({report['built_by_children']} of {report['programs']} built by "
               f"{report['children']} child process(es))")
-    return 0
 
 
 if __name__ == "__main__":

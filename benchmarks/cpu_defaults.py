@@ -12,7 +12,7 @@ so every candidate's model lives in the same process. Then, per row:
     round after round, medians over ``--rounds``; launches whose schedule is the same in every
     candidate are left out of the listing but counted in the products' total;
   - whole train steps (host numpy batch in, loss out), the candidates alternating in blocks of
-    10 calls (vs_pytorch.alternate), medians over ``--steps`` calls.
+    10 calls (harness.alternate), medians over ``--steps`` calls.
 The first candidate is the reference of the ratios (``x``: its time / the candidate's time).
 """
 import argparse
@@ -28,7 +28,8 @@ from kilnet import tune
 from kilnet.policy import schedule
 from kilnet.runtime import timing
 
-import vs_pytorch as vp
+from harness import alternate
+from workloads import ADAM, WORKLOADS, w3_graph
 
 BEFORE = schedule.CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(16, 1))
 
@@ -70,9 +71,9 @@ def requests(model):
 
 
 def run_row(key, batch, cands, impl, o):
-    _, build, _, _, data = vp.WORKLOADS[key]
+    _, build, _, _, data = WORKLOADS[key]
     g, loss, _ = build()
-    models, reqs = zip(*[compile_with(c, impl, g, batch, optimizer=kn.Adam(**vp.ADAM), loss=loss)
+    models, reqs = zip(*[compile_with(c, impl, g, batch, optimizer=kn.Adam(**ADAM), loss=loss)
                          for c in cands])
     feeds, targets = data(np.random.default_rng(1), batch)
     losses = [m.evaluate(feeds, targets) for m in models]
@@ -90,7 +91,7 @@ def run_row(key, batch, cands, impl, o):
     med = [{n: statistics.median(p[n]) * 1e3 for n in names} for p in per]
     spread = [{n: (np.percentile(p[n], 25) * 1e3, np.percentile(p[n], 75) * 1e3)
                for n in names} for p in per]
-    steps = vp.alternate([lambda m=m: m.train_step(feeds, targets) for m in models],
+    steps = alternate([lambda m=m: m.train_step(feeds, targets) for m in models],
                          o.steps, o.warmup)
     print(f"\n## {key} train batch {batch}: losses agree to "
           f"{max(abs(x - losses[0]) for x in losses) / abs(losses[0]):.1e}")
@@ -120,7 +121,7 @@ def run_row(key, batch, cands, impl, o):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="W1:1,W1:64,W1:256,W2:1,W2:32,W3:16",
-                    help="workload:batch, comma-separated (workloads of vs_pytorch.py)")
+                    help="workload:batch, comma-separated (workloads of benchmarks/workloads.py)")
     ap.add_argument("--candidates", default=None,
                     help="';'-separated 'kRMxRN/LXxLY nRMxNV/LXxLY'; default: PoCL's (before) and "
                          "the device's own entry (after)")
@@ -132,7 +133,7 @@ def main(argv=None):
     with open(empty, "w") as f:
         f.write("{}\n")
     os.environ["KILNET_SCHEDULES"] = empty          # the policy alone, whatever the cache holds
-    probe = kn.compile(vp.w3_graph()[0], batch=1)
+    probe = kn.compile(w3_graph()[0], batch=1)
     impl = schedule.products_key(probe.plan.target)
     own = schedule.cpu_products(probe.plan.target)
     cands = [parse(c, own.fma) for c in o.candidates.split(";")] if o.candidates else \

@@ -11,7 +11,7 @@ Every rank times, at the same moments (a barrier before each timed step):
   dp+overlap  the same with bucketed all-reduces started while backward runs (``--bucket-mb``)
 Efficiency = single / dp step time (weak scaling: N devices do N times the work in the time one
 device does one). Step times are the median over ``--steps`` steps of the slowest rank. Adam,
-float32, W1 = the qnet workload of vs_pytorch.py.
+float32, W1 = the qnet workload of benchmarks/workloads.py.
 
 Then each part of the dp step against its floor:
   compute     the single model's step; its floor is itself
@@ -50,7 +50,7 @@ sys.path.insert(0, HERE)
 
 import kilnet as kn  # noqa: E402
 from allreduce_host import floors as host_floors  # noqa: E402
-from kilnet.runtime import distributed  # noqa: E402
+from kilnet.runtime import mpi_comm  # noqa: E402
 
 
 def mlp_graph(width, layers, inputs):
@@ -64,7 +64,7 @@ def mlp_graph(width, layers, inputs):
 
 def build(args):
     if args.model == "w1":
-        from vs_pytorch import w1_data, w1_graph
+        from workloads import w1_data, w1_graph
         g, loss, _ = w1_graph()
         return g, loss, lambda rng, b: w1_data(rng, b)
     g, loss = mlp_graph(args.width, args.layers, args.width)
@@ -141,12 +141,12 @@ def main():
 
     # The data path's pieces, on dp's own gradient arena, host copy and all-reduce request.
     parts = data_path(comm, dp, args)
-    del dp
+    dp = None                # the model freed (the lambdas above hold this name)
 
     ov = kn.compile(g, comm=comm, device=args.device, overlap=int(args.bucket_mb * 2**20),
                     **common)
     t_ov = timed(comm, lambda: ov.train_step(feeds, targets), args.steps, args.warmup)
-    rows.append((f"dp+overlap: all-reduce in {len(ov._dist.buckets)} buckets of "
+    rows.append((f"dp+overlap: all-reduce in {len(ov._runner.replicas.buckets)} buckets of "
                  f"~{args.bucket_mb:g} MiB", t_ov))
 
     say(f"\n{'':44s} {'ms/step':>9s} {'samples/s':>11s} {'efficiency':>10s}")
@@ -154,10 +154,16 @@ def main():
         samples = args.batch * (1 if what.startswith("single") else n)
         eff = "" if t_single is None or what.startswith("single") else f"{t_single / t:10.1%}"
         say(f"{what:44s} {t * 1e3:9.2f} {samples / t:11.0f} {eff}")
+    report_parts(say, parts, grad_elems, t_single, t_dp)
+
+
+def report_parts(say, parts, grad_elems, compute, t_dp):
+    """The dp step's data path by part (data_path's timings) against each part's floor, and the
+    step's floors: ``compute`` is the single model's step (None with --skip-single), ``t_dp``
+    the data-parallel one's."""
     say(f"\ndp step by part ({grad_elems * 4 / 2**20:.1f} MiB of gradients; host copy "
         f"{parts['staging']}):")
     say(f"  {'part':34s} {'ms':>9s} {'GB/s':>7s} {'floor ms':>9s} {'x floor':>8s}  floor from")
-    compute = t_single
     rows = [("compute (single step)", compute, None, compute, "itself"),
             ("D->H into the host copy", parts["d2h"], parts["bytes"], parts["copy_floor"],
              parts["copy_why"]),
@@ -188,7 +194,7 @@ def main():
 
 def data_path(comm, dp, args):
     """Each part of dp's data path timed (slowest rank, median of --steps), with its floor."""
-    ex, dist = dp._exec, dp._dist
+    ex, dist = dp._exec, dp._runner.replicas
     host = dist.host
     n, nbytes = host.size, host.nbytes
     out = {"bytes": nbytes, "staging": dist.staging}
@@ -202,7 +208,7 @@ def data_path(comm, dp, args):
     out["d2h_pageable"] = timed(comm, lambda: ex.read_span("grad", 0, n, pageable), args.steps, 1)
     out["h2d_pageable"] = timed(comm, lambda: h2d(pageable), args.steps, 1)
     # the all-reduce exactly as Replicas.exchange starts it (persistent request when MPI-4)
-    out["ar"] = timed(comm, lambda: distributed.wait([dist._start(0)], "benchmark all-reduce"),
+    out["ar"] = timed(comm, lambda: mpi_comm.wait([dist._start(0)], "benchmark all-reduce"),
                       args.steps, 1)
     # the same request on the pageable array: what the pinned memory costs or saves the CPU side
     if dist.requests is not None:
@@ -214,11 +220,11 @@ def data_path(comm, dp, args):
     else:
         def start():
             return comm.Iallreduce(MPI.IN_PLACE, [pageable, MPI.FLOAT], op=MPI.SUM)
-    out["ar_pageable"] = timed(comm, lambda: distributed.wait([start()], "benchmark"),
+    out["ar_pageable"] = timed(comm, lambda: mpi_comm.wait([start()], "benchmark"),
                                args.steps, 1)
     if dist.requests is not None:
         req.Free()
-    del pageable
+    pageable = None          # freed (the lambdas above hold this name)
     # floors: a pinned copy of max(arena, --copy-floor-mib) at its rate; host memory bandwidth
     cl = ex.cl
     big = max(n, int(args.copy_floor_mib * 2**20) // 4)
@@ -245,8 +251,8 @@ def data_path(comm, dp, args):
     dev.release()
     fl = host_floors(comm, MPI, n, max(3, args.steps // 2), 2)
     out["ar_floor"] = fl["add_half"] + fl["copy_half"]
-    out["ar_why"] = (f"host memory, both ranks: a+b->c over N/2 + copy N/2 "
-                     f"(allreduce_host.py)")
+    out["ar_why"] = ("host memory, both ranks: a+b->c over N/2 + copy N/2 "
+                     "(allreduce_host.py)")
     return out
 
 

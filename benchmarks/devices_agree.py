@@ -4,7 +4,7 @@
     python benchmarks/devices_agree.py --a pocl --b nvidia --steps 3
 
 For every example model (examples/*.py ``build_graph``) and the benchmark workloads W1-W3
-(benchmarks/vs_pytorch.py): compile on both devices in float32 with the same seed, then compare
+(benchmarks/workloads.py): compile on both devices in float32 with the same seed, then compare
 the inference output, the training loss and every gradient of one batch, and every parameter after
 ``--steps`` Adam steps. Each compiles to its device's kernel form (vector kernels on a CPU, local
 memory tiles on a GPU), so this also checks the two forms against each other on real hardware.
@@ -39,11 +39,11 @@ def graphs():
     import gte_encoder
     import qnet
     import two_spirals
-    import vs_pytorch as vs
+    from workloads import WORKLOADS
     out = {"two_spirals": two_spirals.build_graph(), "qnet": qnet.build_graph(),
            "distq_learning": distq_learning.build_graph(), "forecast": forecast.build_graph(),
            "gte_encoder": gte_encoder.build_graph(), "batchnorm_mlp": batchnorm_mlp.build_graph()}
-    for key, (label, build, *_rest) in vs.WORKLOADS.items():
+    for key, (label, build, *_rest) in WORKLOADS.items():
         out[f"{key}_{label}"] = build()[0]
     return out
 

@@ -8,7 +8,7 @@ Every training plan runs one ``finite.<input>.check`` launch per fed input after
 loss. Here each workload is compiled twice, as kilnet compiles it (``with``) and with
 ``check_feeds`` made a no-op for this measurement only (``without``: the plan as it was before
 the check, which a NaN under relu could corrupt), and both regimes are timed, taking turns in
-blocks (vs_pytorch.alternate): ``host`` (``train_step`` on a float32 host batch each call) and
+blocks (harness.alternate): ``host`` (``train_step`` on a float32 host batch each call) and
 ``resident`` (``train_steps`` on data uploaded once, losses read once per call; the time is per
 step). ``floor_us`` is the check's own floor: reading the batch's inputs once at the device's
 copy bandwidth, measured here (buffer to buffer, 256 MiB). ``range`` is the lowest-highest
@@ -24,7 +24,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kilnet as kn  # noqa: E402
 from kilnet.compiler import lower as lower_mod  # noqa: E402
-from vs_pytorch import ADAM, WORKLOADS, alternate, float32, ratio_range  # noqa: E402
+from harness import alternate, ratio_range  # noqa: E402
+from workloads import ADAM, WORKLOADS, float32  # noqa: E402
 
 ROWS = (("W1", 1), ("W1", 64), ("W1", 1024), ("W3", 16))
 

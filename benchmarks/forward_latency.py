@@ -26,7 +26,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kilnet as kn  # noqa: E402
-import vs_pytorch as vs  # noqa: E402
+from harness import ROUNDS, alternate  # noqa: E402
+from torch_side import cuda_graph, forward_graph  # noqa: E402
+from workloads import float32, w1_data, w1_graph, w1_torch, w1_torch_params  # noqa: E402
 
 TRIVIAL = "__kernel void one(__global const float *x, __global float *y) { y[0] = x[0] + 1.0f; }"
 
@@ -94,7 +96,7 @@ def torch_trip(torch, x):
     def step():
         sx.copy_(px, non_blocking=True)
         py.copy_(sx.view(-1)[:45] + 1.0, non_blocking=True)
-    graph, _ = vs.cuda_graph(torch, step)
+    graph, _ = cuda_graph(torch, step)
 
     def run():
         np.copyto(px.numpy(), x, casting="no")
@@ -110,9 +112,9 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--no-torch", action="store_true")
     a = ap.parse_args(argv)
-    g, _loss, _macs = vs.w1_graph()
+    g, _loss, _macs = w1_graph()
     model = kn.compile(g, batch=1, device=a.device)
-    feeds, _ = vs.float32(vs.w1_data(np.random.default_rng(2), 1))
+    feeds, _ = float32(w1_data(np.random.default_rng(2), 1))
     (x,) = feeds.values()
     names = ["cl_trip", "cl_trip_pinned", "cl_kernel", "kilnet_forward", "kilnet_upload", "kilnet_launches",
              "kilnet_read"]
@@ -129,12 +131,12 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         P = {k: torch.tensor(np.asarray(v, np.float32), device="cuda")
-             for k, v in vs.w1_torch_params(dict(model.params.items())).items()}
+             for k, v in w1_torch_params(dict(model.params.items())).items()}
         names += ["cuda_trip", "torch_graph_forward"]
         fns += [torch_trip(torch, x),
-                vs.forward_graph(torch, vs.w1_torch(F, P, training=False), x, "cuda")]
-    times = vs.alternate(fns, a.steps, a.warmup)
-    rounds = np.array(vs.ROUNDS)
+                forward_graph(torch, w1_torch(F, P, training=False), x, "cuda")]
+    times = alternate(fns, a.steps, a.warmup)
+    rounds = np.array(ROUNDS)
     print(f"# kilnet forward latency at batch 1, W1, on {model.device.name.strip()} "
           f"({model.device.platform.name.strip()}); submit: {model._exec.submit.why}")
     print(f"# medians of {a.steps} calls per part in blocks of 10 taking turns; range = lowest-"

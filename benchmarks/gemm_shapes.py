@@ -105,9 +105,8 @@ def errors(model, shape, rng):
 
 def time_launches(model, launches, reps, warm=0.25):
     """Seconds per run of ``launches``: the median of 5 timings of ``reps`` runs, after ``warm``
-    seconds of them. On the 2-core Zen 5 VM the first ~0.1 s of work after the model's checks
-    ran 1.5-1.7x slower (W1-b64-dense1's forward 0.62-0.63 ms, then 0.37-0.41), and the
-    forward, timed first, had been measured in it."""
+    seconds of them, since the first work after a model's checks can run slower, and whatever
+    is timed first would pay for it (docs/guides/benchmarks.md, "Measured notes")."""
     run, finish = model._exec.run, model._exec.finish
     t0 = time.perf_counter()
     while True:

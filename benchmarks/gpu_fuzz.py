@@ -1,5 +1,5 @@
 """The default GPU path against separate launches against the float64 reference, on random graphs
-(issue 29). Run it again after any change to compiler/persistent.py, fusion or the schedules.
+(issue 29). Run it again after any change to compiler/plan_kernel.py, fusion or the schedules.
 
 Each graph comes from the fuzzer's generator (tests/random_graphs.py: core and article ops, a
 second input, fan-out, dead branches, concatenations with an input between computed parts) and
@@ -69,11 +69,8 @@ def one(index, seed, device, plant=None, dtype="float64"):
     """The record of graph ``index`` of the run drawn from ``seed`` (a negative index: entry
     -1 - index of the corpus, tests/fuzz_corpus). ``plant``: a planted wrong declaration of
     tests/plan_checks.py, to show that this check sees it."""
-    import kilnet as kn
     import plan_checks as pc
     import random_graphs as rg
-    import reference as ref
-    from kilnet.model import Model
     if plant:
         getattr(pc, "plant_" + plant)()
     if index <= WIDE:
@@ -89,72 +86,83 @@ def one(index, seed, device, plant=None, dtype="float64"):
     for opt in ("sgd", "adam"):
         run = dict(optimizer=opt, problems=[])
         rec["runs"].append(run)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", kn.DeadBranchWarning)
-            fast = kn.compile(g, batch=batch, optimizer=_optimizers()[opt](), loss="mse",
-                              dtype=dtype, device=device, seed=abs(index))
-        run["path"] = fast._exec.submit.name
-        rec["folded"] = any(n.meta.get("terms") for n in fast.plan.graph.nodes)
-        pk = fast.plan.plan_kernel
-        run["stages"] = len(pk.stages) if pk else 0
-        run["phases"] = len(pk.members) if pk else 0
-        run["launches"] = len(fast.plan.launches)
-        run["sliced"] = sum("sl = get_local_id(2)" in fast.plan.sources[la.kernel]
-                            for la in fast.plan.launches)
-        # parameters whose gradient train_step's optimizer sums (compiler/summed_updates.py)
-        run["summed"] = sum("part" in la.buffers for la in fast.plan.launches_in("optimizer"))
-        plain = Model(fast.plan, fast.device, seed=abs(index))
-        if hasattr(plain._exec.submit, "inner"):
-            plain._exec.submit = plain._exec.submit.inner
-        start = {k: fast.params[k] for k in fast.params}
-        dead_names = [k for k in start if k.rsplit(".", 1)[0] in dead or
-                      any(k.startswith(d + ".") for d in dead)]
-        data = np.random.default_rng([seed, abs(index), 1])
-        batches = [(rg.feeds_for(g, batch, data), rg.targets_for(g, batch, data))
-                   for _ in range(5)]
-        worst = {"reference": 0.0, "paths": 0.0}
-
-        def against_reference(what, got, want):
-            d = _far(got, want)
-            worst["reference"] = max(worst["reference"], d)
-            if not d <= TOL[dtype]:
-                run["problems"].append(f"{what}: {d:.3g} from the float64 reference")
-
-        def between_paths(what, a, b):
-            d = _far(a, b)
-            worst["paths"] = max(worst["paths"], d)
-            if not d <= TOL[dtype]:
-                run["problems"].append(f"{what}: the default path is {d:.3g} from separate launches")
-
-        f, t = batches[0]
-        want = ref.interpret(g, start, f, training=False)
-        results = {}
-        for name, m in (("default", fast), ("separate", plain)):
-            out = m.forward(f)
-            for k in want:
-                against_reference(f"{name} forward {k}", out[k], want[k])
-            against_reference(f"{name} first loss", m.evaluate(f, t), ref.ref_loss(g, start, f, t,
-                                                                                  at={"seed": abs(index), "step": 1}))
-            r = [("loss", m.train_step(*batches[i])) for i in range(3)]
-            grads = m.gradients(*batches[3])
-            r += [(f"gradient {k}", v) for k, v in grads.items()]
-            r += [(f"forward {k}", v) for k, v in m.forward(batches[4][0]).items()]
-            r += [(k, m.params[k]) for k in m.params]
-            ex = m._exec
-            r += [(f"moment {b.name}", ex.read(b.name)) for b in m.plan.buffers.values()
-                  if b.role in ("moment1", "moment2")]
-            results[name] = r
-            for k in dead_names:
-                if m.params[k].tobytes() != start[k].tobytes():
-                    run["problems"].append(f"{name}: dead {k} moved by "
-                                           f"{_far(m.params[k], start[k]):.3g}")
-        identical = True
-        for (what, a), (_, b) in zip(results["default"], results["separate"]):
-            between_paths(what, a, b)
-            identical &= np.asarray(a).tobytes() == np.asarray(b).tobytes()
-        run["identical"] = identical
-        run["worst"] = worst
+        one_run(run, rec, g, batch, dead, index, seed, device, dtype)
     return rec
+
+
+def one_run(run, rec, g, batch, dead, index, seed, device, dtype):
+    """Fills ``run`` (and rec["folded"]): graph ``g`` compiled with run["optimizer"], its default
+    path and its separate launches against the float64 reference and against each other."""
+    import kilnet as kn
+    import random_graphs as rg
+    import reference as ref
+    from kilnet.model import Model
+    opt = run["optimizer"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kn.DeadBranchWarning)
+        fast = kn.compile(g, batch=batch, optimizer=_optimizers()[opt](), loss="mse",
+                          dtype=dtype, device=device, seed=abs(index))
+    run["path"] = fast._exec.submit.name
+    rec["folded"] = any(n.meta.get("terms") for n in fast.plan.graph.nodes)
+    pk = fast.plan.plan_kernel
+    run["stages"] = len(pk.stages) if pk else 0
+    run["phases"] = len(pk.members) if pk else 0
+    run["launches"] = len(fast.plan.launches)
+    run["sliced"] = sum("sl = get_local_id(2)" in fast.plan.sources[la.kernel]
+                        for la in fast.plan.launches)
+    # parameters whose gradient train_step's optimizer sums (compiler/summed_updates.py)
+    run["summed"] = sum("part" in la.buffers for la in fast.plan.launches_in("optimizer"))
+    plain = Model(fast.plan, fast.device, seed=abs(index))
+    if hasattr(plain._exec.submit, "inner"):
+        plain._exec.submit = plain._exec.submit.inner
+    start = {k: fast.params[k] for k in fast.params}
+    dead_names = [k for k in start if k.rsplit(".", 1)[0] in dead or
+                  any(k.startswith(d + ".") for d in dead)]
+    data = np.random.default_rng([seed, abs(index), 1])
+    batches = [(rg.feeds_for(g, batch, data), rg.targets_for(g, batch, data))
+               for _ in range(5)]
+    worst = {"reference": 0.0, "paths": 0.0}
+
+    def against_reference(what, got, want):
+        d = _far(got, want)
+        worst["reference"] = max(worst["reference"], d)
+        if not d <= TOL[dtype]:
+            run["problems"].append(f"{what}: {d:.3g} from the float64 reference")
+
+    def between_paths(what, a, b):
+        d = _far(a, b)
+        worst["paths"] = max(worst["paths"], d)
+        if not d <= TOL[dtype]:
+            run["problems"].append(f"{what}: the default path is {d:.3g} from separate launches")
+
+    f, t = batches[0]
+    want = ref.interpret(g, start, f, training=False)
+    results = {}
+    for name, m in (("default", fast), ("separate", plain)):
+        out = m.forward(f)
+        for k in want:
+            against_reference(f"{name} forward {k}", out[k], want[k])
+        against_reference(f"{name} first loss", m.evaluate(f, t), ref.ref_loss(g, start, f, t,
+                                                                              at={"seed": abs(index), "step": 1}))
+        r = [("loss", m.train_step(*batches[i])) for i in range(3)]
+        grads = m.gradients(*batches[3])
+        r += [(f"gradient {k}", v) for k, v in grads.items()]
+        r += [(f"forward {k}", v) for k, v in m.forward(batches[4][0]).items()]
+        r += [(k, m.params[k]) for k in m.params]
+        ex = m._exec
+        r += [(f"moment {b.name}", ex.read(b.name)) for b in m.plan.buffers.values()
+              if b.role in ("moment1", "moment2")]
+        results[name] = r
+        for k in dead_names:
+            if m.params[k].tobytes() != start[k].tobytes():
+                run["problems"].append(f"{name}: dead {k} moved by "
+                                       f"{_far(m.params[k], start[k]):.3g}")
+    identical = True
+    for (what, a), (_, b) in zip(results["default"], results["separate"]):
+        between_paths(what, a, b)
+        identical &= np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    run["identical"] = identical
+    run["worst"] = worst
 
 
 def work(args):

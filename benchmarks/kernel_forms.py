@@ -1,5 +1,5 @@
 """Which kernel form each CPU implementation should get, and which implementation kilnet should
-prefer: W1-W3 (benchmarks/vs_pytorch.py's workloads) compiled in two variants and timed
+prefer: W1-W3 (benchmarks/workloads.py) compiled in two variants and timed
 alternately, call by call, so that both see the same machine load.
 
     python benchmarks/kernel_forms.py                       # both forms on every CPU implementation
@@ -24,7 +24,7 @@ sys.path.insert(0, HERE)
 
 import kilnet as kn  # noqa: E402
 from kilnet.runtime import device as devmod  # noqa: E402
-from vs_pytorch import ADAM, WORKLOADS  # noqa: E402
+from workloads import ADAM, WORKLOADS  # noqa: E402
 
 CASES = [("W1", 1, "train"), ("W1", 64, "train"), ("W1", 256, "train"), ("W2", 1, "train"),
          ("W2", 32, "train"), ("W3", 16, "train"), ("W1", 1, "forward"), ("W2", 1, "forward")]

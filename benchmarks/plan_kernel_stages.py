@@ -1,5 +1,5 @@
-"""Where the plan kernel's device time goes (compiler/persistent.py), on W1-W3 of
-benchmarks/vs_pytorch.py: the device time of a training step's launches run three ways,
+"""Where the plan kernel's device time goes (compiler/plan_kernel.py), on W1-W3 of
+benchmarks/workloads.py: the device time of a training step's launches run three ways,
 side by side (profiling events, alternating, medians):
 
 - ``separate``: each launch its own kernel (KILNET_PLAN_KERNEL=0's shapes are not used here:
@@ -25,14 +25,14 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import kilnet as kn                      # noqa: E402
-import vs_pytorch as vs                  # noqa: E402
 from kilnet.model import Model           # noqa: E402
 from kilnet.runtime import timing        # noqa: E402
+from workloads import WORKLOADS          # noqa: E402
 
 
 def compiled(key, batch, device, merge):
     os.environ["KILNET_PLAN_MERGE"] = "1" if merge else "0"
-    _, build, _, _, data = vs.WORKLOADS[key]
+    _, build, _, _, data = WORKLOADS[key]
     g, loss, _ = build()
     m = kn.compile(g, batch=batch, optimizer=kn.Adam(lr=1e-3), loss=loss, device=device, seed=0)
     feeds, targets = data(np.random.default_rng(1), batch)

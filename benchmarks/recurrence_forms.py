@@ -31,7 +31,7 @@ import warnings
 import numpy as np
 
 try:       # import kilnet registers pip's CPU OpenCL runtimes (Intel's) with the ICD loader; optional
-    import kilnet  # noqa: F401  (unused otherwise)
+    __import__("kilnet")
 except Exception:
     pass
 import pyopencl as cl  # noqa: E402
@@ -214,6 +214,9 @@ def reference(gx, w, b, B, T, H):
 
 
 def main():
+    """Times each form of the recurrence, batch by batch, and prints the table. Long because every
+    form's run is a closure over the one context, queue, set of buffers and timing function made
+    here, and the forms read side by side as the table they print."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default=None, help="substring of platform/device name")
     ap.add_argument("--hidden", type=int, default=64)

@@ -2,7 +2,7 @@
 
     python benchmarks/step_parts.py [--device nvidia] [--only W4,W5] [--batches 1,16] [--steps 200]
 
-For each workload of benchmarks/vs_pytorch.py and batch, medians over --steps calls (after
+For each workload of benchmarks/workloads.py and batch, medians over --steps calls (after
 --warmup) of, in one process and alternating call by call:
   step      model.train_step(feeds, targets): checks, uploads, the train sequence, the loss read
   upload    the uploads alone (feeds, targets, the step's scalars: on a GPU one copy) then
@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import kilnet as kn  # noqa: E402
-import vs_pytorch as vp  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
 
 
 def _medians(fns, steps, warmup):
@@ -90,7 +90,7 @@ def main():
     print(f"{'workload':>8} {'batch':>5} {'step_ms':>8} {'upload':>8} {'run':>8} {'read':>8} "
           f"{'trip':>8} {'rest':>8} {'up_host':>8} {'run_host':>8}")
     for key in a.only.split(","):
-        _, build, _, _, data = vp.WORKLOADS[key]
+        _, build, _, _, data = WORKLOADS[key]
         for b in map(int, a.batches.split(",")):
             g, loss = build()[:2]
             m = kn.compile(g, batch=b, loss=loss, optimizer=kn.Adam(lr=1e-3), device=a.device,
@@ -139,7 +139,7 @@ def compare(a):
     print(f"{'workload':>8} {'batch':>5} " + " ".join(f"{f'step@{i}':>8} {f'run@{i}':>8}"
                                                       for i in range(len(counts))))
     for key in a.only.split(","):
-        _, build, _, _, data = vp.WORKLOADS[key]
+        _, build, _, _, data = WORKLOADS[key]
         for b in map(int, a.batches.split(",")):
             fns = {}
             for c in counts:

@@ -1,5 +1,5 @@
 """The submission paths side by side (kilnet/runtime/submit.py): W1-W3 train steps of
-benchmarks/vs_pytorch.py, one model per path in one process, alternating call by call.
+benchmarks/workloads.py, one model per path in one process, alternating call by call.
 
     python benchmarks/submit_paths.py                  # the default device (Intel's CPU runtime)
     python benchmarks/submit_paths.py --device nvidia --steps 200
@@ -35,18 +35,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import kilnet as kn  # noqa: E402
-import vs_pytorch as vs  # noqa: E402
 from kilnet.runtime import submit  # noqa: E402
+from harness import alternate, cpu_name  # noqa: E402
+from workloads import ADAM, DEFAULT_BATCHES, WORKLOADS, w2_graph  # noqa: E402
 
 
 def compile_path(key, batch, device, path):
     """W``key``'s training model compiled with ``path``, or the CompileError's text."""
-    _label, build, _tfwd, _tparams, _data = vs.WORKLOADS[key]
+    _label, build, _tfwd, _tparams, _data = WORKLOADS[key]
     g, loss, _ = build()
     before = os.environ.get(submit.ENV)
     os.environ[submit.ENV] = path
     try:
-        return kn.compile(g, batch=batch, optimizer=kn.Adam(**vs.ADAM), loss=loss, device=device,
+        return kn.compile(g, batch=batch, optimizer=kn.Adam(**ADAM), loss=loss, device=device,
                           seed=0)
     except kn.CompileError as e:
         return str(e)
@@ -86,7 +87,7 @@ def swapped(model, paths, steps, warmup):
         ex.run(model._train)
         ex.finish()
     try:
-        return vs.alternate([lambda s=s: call(s) for s in subs], steps, warmup)
+        return alternate([lambda s=s: call(s) for s in subs], steps, warmup)
     finally:
         ex.submit = own
 
@@ -97,10 +98,10 @@ def measure(key, batch, device, paths, steps, warmup):
     for p in paths:
         m = compile_path(key, batch, device, p)
         (refused if isinstance(m, str) else models)[p] = m
-    feeds, targets = vs.WORKLOADS[key][4](np.random.default_rng(1), batch)
+    feeds, targets = WORKLOADS[key][4](np.random.default_rng(1), batch)
     first = {p: m.train_step(feeds, targets) for p, m in models.items()}
     names = list(models)
-    step = vs.alternate([lambda m=models[p]: m.train_step(feeds, targets) for p in names],
+    step = alternate([lambda m=models[p]: m.train_step(feeds, targets) for p in names],
                         steps, warmup)
     host = {(p, held): [] for p in names for held in (True, False)}
     for _ in range(3):              # the host timings alternate too, in rounds
@@ -119,7 +120,7 @@ def measure(key, batch, device, paths, steps, warmup):
 
 
 def machine():
-    return f"{vs.cpu_name()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
 def main(argv=None):
@@ -137,7 +138,7 @@ def main(argv=None):
     paths = [submit.requested(p) for p in a.paths.split(",")]
     if "pyopencl" not in paths:
         paths.append("pyopencl")                          # the reference for ratios and losses
-    probe = kn.compile(vs.w2_graph()[0], batch=1, device=a.device)
+    probe = kn.compile(w2_graph()[0], batch=1, device=a.device)
     d = probe.device
     print(f"# kilnet submission paths on {d.name.strip()} ({d.platform.name.strip()}, driver "
           f"{d.driver_version.strip()}); host: {machine()}; {datetime.date.today()}; "
@@ -148,7 +149,7 @@ def main(argv=None):
             ("step_vs_pyopencl", 17), ("run_ms", 9), ("run_vs_pyopencl", 16)]
     print("".join(f"{n:>{w}}" for n, w in cols), flush=True)
     for key in a.only.split(","):
-        batches = vs.DEFAULT_BATCHES[key]
+        batches = DEFAULT_BATCHES[key]
         if key == "W1" and a.batches:
             batches = tuple(int(b) for b in a.batches.split(","))
         for b in batches:

@@ -1,14 +1,18 @@
 """Runs benchmarks/fma_peak.py's probe kernels (every variant) once on a tiny launch; tests/
 test_oclgrind.py runs this under Oclgrind. Its output buffer is exactly the launch's size, so
 a write past it is reported."""
+import importlib.util
 import os
-import sys
+
+from kilnet.runtime.device import select
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
-
-import fma_peak  # noqa: E402
-from kilnet.runtime.device import select  # noqa: E402
+# The benchmark under test, loaded from its file (tests import nothing from benchmarks/: see
+# tests/test_benchmarks_apart.py)
+_spec = importlib.util.spec_from_file_location(
+    "fma_peak", os.path.join(os.path.dirname(HERE), "benchmarks", "fma_peak.py"))
+fma_peak = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fma_peak)
 
 if __name__ == "__main__":
     peak, best, rates = fma_peak.measure(select(None), work_items=24, iters=3, repeat=1, local=8)

@@ -12,24 +12,25 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "examples")]
 
 import kilnet as kn  # noqa: E402
-import vs_pytorch as vs  # noqa: E402
+from workload_models import WORKLOADS, float32  # noqa: E402
 
 
 def check(name, graph, loss, data, batch, steps, optimizer):
     a, b = (kn.compile(graph, batch=batch, optimizer=optimizer, loss=loss, seed=2)
             for _ in range(2))
-    feeds, targets = vs.float32(data(np.random.default_rng(5), batch * 3 + 1))
+    feeds, targets = float32(data(np.random.default_rng(5), batch * 3 + 1))
     d = a.upload(feeds, targets)
     losses = a.train_steps(d, steps)
     want = [b.train_step({k: v[r] for k, v in feeds.items()},
                          {k: v[r] for k, v in targets.items()}) for r in d.last_batches]
     worst = max(float(np.abs(a.params[k] - b.params[k]).max()) for k in a.params)
     same = np.array_equal(losses, want) and worst == 0 and a.step == b.step == steps
-    print(f"{name} batch {batch}: {steps} steps, {a._exec.submit.why.split(':')[0]}: "
-          f"{'identical' if same else f'DIFFER (losses {np.abs(losses - want).max()}, params {worst})'}",
+    verdict = "identical" if same else \
+        f"DIFFER (losses {np.abs(losses - want).max()}, params {worst})"
+    print(f"{name} batch {batch}: {steps} steps, {a._exec.submit.why.split(':')[0]}: {verdict}",
           flush=True)
     return same
 
@@ -42,7 +43,7 @@ def main(argv=None):
                                                    ("W3", 16)]
     ok = True
     for key, batch in runs:
-        _, build, _, _, data = vs.WORKLOADS[key]
+        _, build, data = WORKLOADS[key]
         g, loss, _ = build()
         for opt in (kn.Adam(lr=1e-3), kn.SGD(lr=1e-2, momentum=0.9)):
             ok &= check(f"{key} {type(opt).__name__}", g, loss, data, batch,
