@@ -18,7 +18,7 @@ REPEAT = 3
 
 
 def w1_like():
-    """W1 (benchmarks/vs_pytorch.py: convolutions, dense layers, a softmax head), tiny."""
+    """W1 (examples/workload_models.py: convolutions, dense layers, a softmax head), tiny."""
     g = kn.Graph("w1_tiny")
     h = g.input("bars", (8, 3))
     h = kn.conv1d(h, 4, 3, activation="leaky_relu", name="conv0")
@@ -283,7 +283,7 @@ def test_through_the_plan_kernel_one_whole_step_run_is_timed_too(tmp_path):
 
 
 def test_a_trace_of_w1s_train_step_is_valid(tmp_path):
-    """Issue 48's case: W1 itself (benchmarks/vs_pytorch.py's qnet: 3 conv1d of 32, 3 dense of 1000,
+    """Issue 48's case: W1 itself (examples/workload_models.py's qnet: 3 conv1d of 32, 3 dense of 1000,
     3 softmax heads of 15; written out here, since tests import nothing from benchmarks/), its
     train step with Adam at batch 8, profiled twice: the written trace.json is valid JSON in the
     Trace Event Format with one complete event per launch per run."""
