@@ -24,19 +24,33 @@
  * device and driver with the SHA-256 of its contents, and loaded from there by later runs.
  *
  * Build: cc -std=c99 -O2 -o kilnet_run runner/kilnet_run.c -ldl -lm
+ * For Windows (x86-64): python -m ziglang cc -target x86_64-windows-gnu -std=c99 -O2
+ *   -o kilnet_run.exe runner/kilnet_run.c (or MinGW-w64's gcc; tests/test_runner_windows.py builds
+ *   it so and runs it under Wine on Intel's Windows CPU runtime).
  * It needs no OpenCL headers or library to build: it opens the OpenCL ICD loader when it runs
- * (KILNET_OPENCL_LIBRARY names one, else libOpenCL.so.1, else libOpenCL.so; pyopencl's wheel
- * carries one in pyopencl/.libs), and declares the 18 functions it calls itself. Where the
- * compiler finds <CL/cl.h>, it takes the types from there and checks its declarations against
- * the header's prototypes (-DKILNET_OWN_CL ignores the header).
+ * (KILNET_OPENCL_LIBRARY names one, else libOpenCL.so.1, else libOpenCL.so, on Windows
+ * OpenCL.dll; else the one `import kilnet` recorded: pyopencl's wheel carries one in
+ * pyopencl/.libs, on Windows pyopencl.libs\opencl-*.dll), and declares the 18 functions it calls
+ * itself. Where the compiler finds <CL/cl.h>, it takes the types from there and checks its
+ * declarations against the header's prototypes (-DKILNET_OWN_CL ignores the header).
  * Exit status 0 on success, 1 on any error (a message on stderr), 2 on bad usage.
  */
-#define _POSIX_C_SOURCE 200809L     /* setenv, opendir, stat, mkdir, getpid under -std=c99 */
+/* -- the platform: POSIX (dlopen), or Windows (LoadLibraryExA) ------------------------------ */
+#ifdef _WIN32
+#define WIN32_LEAN_AND_MEAN
+#include <windows.h>
+#include <direct.h>                 /* _mkdir */
+#include <process.h>                /* _getpid */
+#else
+#define _POSIX_C_SOURCE 200809L     /* setenv, opendir, stat, mkdir, getpid, fseeko under -std=c99 */
 #include <dirent.h>
 #include <dlfcn.h>
+#include <unistd.h>
+#endif
 #include <errno.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -44,7 +58,79 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
+
+/* The few calls that differ. Sizes of files are 64-bit on both (int64_t offsets; Windows' long
+   is 32 bits). */
+#ifdef _WIN32
+#define KL_SEP "\\"
+typedef HMODULE kl_library;
+/* A path (absolute, so that LOAD_WITH_ALTERED_SEARCH_PATH applies): the DLLs it needs are looked
+   for in its own folder first (pyopencl.libs holds its loader's); a bare name (OpenCL.dll): the
+   system's search order. */
+static kl_library kl_open(const char *name) {
+    char full[4096]; DWORD n;
+    if (!strchr(name, '/') && !strchr(name, '\\')) return LoadLibraryExA(name, NULL, 0);
+    n = GetFullPathNameA(name, sizeof full, full, NULL);
+    if (n == 0 || n >= sizeof full) return LoadLibraryExA(name, NULL, 0);
+    return LoadLibraryExA(full, NULL, LOAD_WITH_ALTERED_SEARCH_PATH);
+}
+static char kl_error_text[512];
+static const char *kl_open_error(void) {
+    DWORD code = GetLastError(), n;
+    n = FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS, NULL, code, 0,
+                       kl_error_text, sizeof kl_error_text, NULL);
+    while (n && (kl_error_text[n - 1] == '\n' || kl_error_text[n - 1] == '\r' || kl_error_text[n - 1] == ' '))
+        kl_error_text[--n] = 0;
+    if (!n) snprintf(kl_error_text, sizeof kl_error_text, "Windows error %lu", (unsigned long)code);
+    return kl_error_text;
+}
+static void kl_setenv(const char *name, const char *value) { _putenv_s(name, value); }
+static int kl_mkdir(const char *path) { return _mkdir(path); }
+static long kl_pid(void) { return (long)_getpid(); }
+static int kl_is_folder(const char *path) {
+    DWORD a = GetFileAttributesA(path);
+    return a != INVALID_FILE_ATTRIBUTES && (a & FILE_ATTRIBUTE_DIRECTORY);
+}
+/* "C:\..." or "C:/...", or a UNC path "\\server\..." */
+static int kl_is_absolute(const char *path) {
+    return (((path[0] | 32) >= 'a' && (path[0] | 32) <= 'z') && path[1] == ':' &&
+            (path[2] == '\\' || path[2] == '/')) || ((path[0] == '\\' || path[0] == '/') &&
+            (path[1] == '\\' || path[1] == '/'));
+}
+/* rename() fails onto an existing file on Windows: MoveFileExA replaces it. Another process
+   that has the file open without FILE_SHARE_DELETE (an antivirus scan, an indexer) makes it fail
+   for a moment: try again for up to about a second. */
+static int kl_replace(const char *from, const char *to) {
+    int tries;
+    for (tries = 0; tries < 20; tries++) {
+        DWORD code;
+        if (MoveFileExA(from, to, MOVEFILE_REPLACE_EXISTING)) return 0;
+        code = GetLastError();
+        if (code != ERROR_ACCESS_DENIED && code != ERROR_SHARING_VIOLATION && code != ERROR_LOCK_VIOLATION) {
+            errno = code == ERROR_PATH_NOT_FOUND || code == ERROR_FILE_NOT_FOUND ? ENOENT : EIO;
+            return -1;
+        }
+        Sleep(50);
+    }
+    errno = EACCES;
+    return -1;
+}
+#define kl_seek _fseeki64
+#define kl_tell _ftelli64
+#else
+#define KL_SEP "/"
+typedef void *kl_library;
+static kl_library kl_open(const char *name) { return dlopen(name, RTLD_NOW | RTLD_GLOBAL); }
+static const char *kl_open_error(void) { return dlerror(); }
+static void kl_setenv(const char *name, const char *value) { setenv(name, value, 1); }
+static int kl_mkdir(const char *path) { return mkdir(path, 0777); }
+static long kl_pid(void) { return (long)getpid(); }
+static int kl_is_folder(const char *path) { struct stat st; return !stat(path, &st) && S_ISDIR(st.st_mode); }
+static int kl_is_absolute(const char *path) { return path[0] == '/'; }
+static int kl_replace(const char *from, const char *to) { return rename(from, to); }
+#define kl_seek fseeko
+#define kl_tell ftello
+#endif
 
 /* -- the OpenCL API, opened at run time ------------------------------------------------------ */
 #if !defined(KILNET_OWN_CL) && defined(__has_include)
@@ -154,26 +240,47 @@ KL_CL_FUNCTIONS(KL_SAME)
 /* The system's loader names; a build may name others (the tests build one as on a machine that
    has none: -DKL_SYSTEM_LOADERS='"libOpenCL-absent.so.1"'). */
 #ifndef KL_SYSTEM_LOADERS
+#ifdef _WIN32
+#define KL_SYSTEM_LOADERS "OpenCL.dll"
+#else
 #define KL_SYSTEM_LOADERS "libOpenCL.so.1", "libOpenCL.so"
+#endif
 #endif
 static const char *const kl_loaders[] = {KL_SYSTEM_LOADERS};
 static const char *loader_name = "(none)";
+#ifdef _WIN32
+#define KL_PYOPENCL_LIBS "pyopencl.libs"
+#else
+#define KL_PYOPENCL_LIBS "pyopencl/.libs"
+#endif
 
+/* kilnet's cache folder into out (empty where no variable says one), found as kilnet/settings.py
+   finds it (keep the two the same): KILNET_CACHE_DIR, else $XDG_CACHE_HOME/kilnet, else (Windows)
+   %LOCALAPPDATA%\kilnet, else ~/.cache/kilnet, ~ being $HOME (on Windows %USERPROFILE%). */
+static void kilnet_cache(char *out, size_t size) {
+    const char *dir = getenv("KILNET_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME");
+#ifdef _WIN32
+    const char *local = getenv("LOCALAPPDATA"), *home = getenv("USERPROFILE");
+#else
+    const char *home = getenv("HOME");
+#endif
+    out[0] = 0;
+    if (dir && *dir) snprintf(out, size, "%s", dir);
+    else if (xdg && *xdg) snprintf(out, size, "%s" KL_SEP "kilnet", xdg);
+#ifdef _WIN32
+    else if (local && *local) snprintf(out, size, "%s" KL_SEP "kilnet", local);
+#endif
+    else if (home && *home) snprintf(out, size, "%s" KL_SEP ".cache" KL_SEP "kilnet", home);
+}
+
+/* What the runner itself pointed the loader at (for --about): a vendors folder (OCL_ICD_VENDORS),
+   on Windows a DLL (OCL_ICD_FILENAMES); empty where it set nothing. */
+static char kilnet_vendors[4096];
+#ifndef _WIN32
 /* The drivers kilnet registers from PyPI (Intel's CPU runtime) are listed in a folder that
    `import kilnet` makes: <cache>/icd/<hash>/, holding the system's .icd files too. Where
    OCL_ICD_VENDORS is unset, point it at the newest such folder, before the loader first reads it,
-   so that a bundle runs as the docs show it. The cache: KILNET_CACHE_DIR, else
-   $XDG_CACHE_HOME/kilnet, else ~/.cache/kilnet (as runtime/program.py). */
-static char kilnet_vendors[4096];
-/* kilnet's cache folder into out (empty where neither variable says one). */
-static void kilnet_cache(char *out, size_t size) {
-    const char *dir = getenv("KILNET_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME");
-    const char *home = getenv("HOME");
-    out[0] = 0;
-    if (dir && *dir) snprintf(out, size, "%s", dir);
-    else if (xdg && *xdg) snprintf(out, size, "%s/kilnet", xdg);
-    else if (home && *home) snprintf(out, size, "%s/.cache/kilnet", home);
-}
+   so that a bundle runs as the docs show it. */
 static void find_kilnet_vendors(void) {
     const char *set = getenv("OCL_ICD_VENDORS");
     char cache[3000], root[3072], path[4096]; DIR *d; struct dirent *e; struct stat st;
@@ -190,7 +297,7 @@ static void find_kilnet_vendors(void) {
         best = st.st_mtime; snprintf(kilnet_vendors, sizeof kilnet_vendors, "%s", path);
     }
     closedir(d);
-    if (kilnet_vendors[0]) setenv("OCL_ICD_VENDORS", kilnet_vendors, 1);
+    if (kilnet_vendors[0]) kl_setenv("OCL_ICD_VENDORS", kilnet_vendors);
 }
 
 /* pyopencl's wheel carries an ICD loader (pyopencl/.libs/libOpenCL-*.so*) patched to read the
@@ -199,7 +306,7 @@ static void find_kilnet_vendors(void) {
    call. Where the loader named lies in such a .libs folder and PYOPENCL_HOME is unset, set it to
    that folder's parent, as pyopencl would. */
 static char pyopencl_home[4096];
-static void set_pyopencl_home(const char *loader) {
+static void prepare_loader(const char *loader) {
     const char *home = getenv("PYOPENCL_HOME"), *slash = strrchr(loader, '/');
     size_t dir;
     if ((home && *home) || !slash) return;
@@ -208,8 +315,46 @@ static void set_pyopencl_home(const char *loader) {
     memcpy(pyopencl_home, loader, dir - 6);
     pyopencl_home[dir - 6] = 0;
     if (!pyopencl_home[0]) strcpy(pyopencl_home, "/");
-    setenv("PYOPENCL_HOME", pyopencl_home, 1);
+    kl_setenv("PYOPENCL_HOME", pyopencl_home);
 }
+#define KL_DRIVERS_VARIABLE "OCL_ICD_VENDORS"
+#define KL_DRIVERS_DEFAULT "/etc/OpenCL/vendors"
+#else
+/* Windows: no vendors folder and no PYOPENCL_HOME. The Khronos loader (OpenCL.dll, and
+   pyopencl.libs\opencl-*.dll, which is the same loader) reads the drivers from
+   HKLM\SOFTWARE\Khronos\OpenCL\Vendors, where GPU drivers register themselves and `kilnet
+   devices --register` (as administrator) registers Intel's CPU runtime, and, only in a process
+   that is not elevated, from OCL_ICD_FILENAMES (DLL paths, ';'-separated), which `import kilnet`
+   sets for the processes it starts. */
+static void find_kilnet_vendors(void) {}
+/* Where OCL_ICD_FILENAMES is unset and the loader named is pyopencl's (<site-packages>\
+   pyopencl.libs\opencl-*.dll), name Intel's CPU runtime in it where pip put it beside:
+   <site-packages>\..\..\Library\bin\intelocl64.dll (the data folder of a venv, of a system
+   install and of a --user install alike), so that the runner started from a shell that is not
+   elevated sees the driver that Python sees. */
+static void prepare_loader(const char *loader) {
+    const char *set = getenv("OCL_ICD_FILENAMES"), *p;
+    char dir[4096], *cut; int up; DWORD a;
+    size_t n = strlen(loader);
+    if ((set && *set) || n >= sizeof dir) return;
+    memcpy(dir, loader, n + 1);
+    for (up = 0; up < 4; up++) {        /* the DLL, pyopencl.libs, site-packages, Lib */
+        for (cut = dir + strlen(dir); cut > dir && cut[-1] != '\\' && cut[-1] != '/'; cut--) {}
+        if (cut == dir) return;
+        if (up == 1) {                   /* cut ends <site-packages>\: the folder was pyopencl.libs? */
+            p = loader + (cut - dir);
+            if (_strnicmp(p, "pyopencl.libs", 13) || (p[13] != '\\' && p[13] != '/')) return;
+        }
+        cut[-1] = 0;
+    }
+    snprintf(kilnet_vendors, sizeof kilnet_vendors, "%s\\Library\\bin\\intelocl64.dll", dir);
+    a = GetFileAttributesA(kilnet_vendors);
+    if (a == INVALID_FILE_ATTRIBUTES || (a & FILE_ATTRIBUTE_DIRECTORY)) { kilnet_vendors[0] = 0; return; }
+    kl_setenv("OCL_ICD_FILENAMES", kilnet_vendors);
+}
+#define KL_DRIVERS_VARIABLE "OCL_ICD_FILENAMES"
+#define KL_DRIVERS_DEFAULT "HKLM\\SOFTWARE\\Khronos\\OpenCL\\Vendors"
+#endif
 
 /* The loader `import kilnet` recorded (pyopencl's, in <cache>/opencl-loader), or NULL. */
 static char recorded_loader[4096];
@@ -217,14 +362,14 @@ static const char *kilnet_loader(void) {
     char cache[3000], path[3100]; FILE *f; size_t n;
     kilnet_cache(cache, sizeof cache);
     if (!cache[0]) return NULL;
-    snprintf(path, sizeof path, "%s/opencl-loader", cache);
+    snprintf(path, sizeof path, "%s" KL_SEP "opencl-loader", cache);
     if (!(f = fopen(path, "r"))) return NULL;
     n = fread(recorded_loader, 1, sizeof recorded_loader - 1, f);
     fclose(f);
     recorded_loader[n] = 0;
     while (n && (recorded_loader[n - 1] == '\n' || recorded_loader[n - 1] == '\r'))
         recorded_loader[--n] = 0;
-    return n && recorded_loader[0] == '/' ? recorded_loader : NULL;
+    return n && kl_is_absolute(recorded_loader) ? recorded_loader : NULL;
 }
 
 /* Open the ICD loader and find every function; returns the loader's name, or NULL with *why.
@@ -232,28 +377,40 @@ static const char *kilnet_loader(void) {
    (pyopencl's, on a machine whose OpenCL came from pip alone). */
 static const char *open_opencl(char *why, size_t size) {
     const char *named = getenv("KILNET_OPENCL_LIBRARY"), *tried[4], *recorded = NULL;
-    void *lib = NULL; size_t i, n = 0;
-    if (named && *named) { tried[n++] = named; set_pyopencl_home(named); }
+    kl_library lib = NULL; size_t i, n = 0;
+    if (named && *named) {      /* a copy: getenv's text may move once the environment changes */
+        char *copy = malloc(strlen(named) + 1);
+        if (copy) named = strcpy(copy, named);
+        tried[n++] = named; prepare_loader(named);
+    }
     else for (i = 0; i < sizeof kl_loaders / sizeof *kl_loaders; i++) tried[n++] = kl_loaders[i];
-    for (i = 0; i < n && !lib; i++) lib = dlopen(tried[i], RTLD_NOW | RTLD_GLOBAL);
+    for (i = 0; i < n && !lib; i++) lib = kl_open(tried[i]);
     if (!lib && !(named && *named) && (recorded = kilnet_loader())) {
-        set_pyopencl_home(recorded);
+        prepare_loader(recorded);
         tried[n++] = recorded;
-        lib = dlopen(recorded, RTLD_NOW | RTLD_GLOBAL);
+        lib = kl_open(recorded);
         i = n;
     }
     if (!lib) {
         snprintf(why, size, "cannot open the OpenCL ICD loader %s%s%s%s (%s); name one with "
-                 "KILNET_OPENCL_LIBRARY (pyopencl's wheel carries one in pyopencl/.libs; "
+                 "KILNET_OPENCL_LIBRARY (pyopencl's wheel carries one in " KL_PYOPENCL_LIBS "; "
                  "`import kilnet` records it in its cache folder for the runner)",
                  tried[0], n > 1 ? " or " : "", n > 1 ? tried[n - 1] : "",
                  named && *named ? "" : recorded ? "" : ", and kilnet's cache records none",
-                 dlerror());
+                 kl_open_error());
         return NULL;
     }
+#ifdef _WIN32
+    /* GetProcAddress's FARPROC into each pointer's own type, without a cast between them */
+#define KL_FIND(ret, name, params) { \
+        FARPROC f_ = GetProcAddress(lib, #name); \
+        if (!f_) { snprintf(why, size, "the OpenCL loader %s has no %s", tried[i - 1], #name); return NULL; } \
+        memcpy(&kl_##name, &f_, sizeof f_); }
+#else
 #define KL_FIND(ret, name, params) \
     if (!(*(void **)&kl_##name = dlsym(lib, #name))) { \
         snprintf(why, size, "the OpenCL loader %s has no %s", tried[i - 1], #name); return NULL; }
+#endif
     KL_CL_FUNCTIONS(KL_FIND)
     return tried[i - 1];
 }
@@ -317,7 +474,7 @@ static void sha256_hex(const void *data, size_t n, char out[65]) {
 }
 
 typedef struct { size_t elements; char file[NAME], role[NAME]; cl_mem mem; } Arena;
-typedef struct { int slot, is_arena, is_real; unsigned long value, extent; double real; char access[8]; } Arg;
+typedef struct { int slot, is_arena, is_real; uint64_t value, extent; double real; char access[8]; } Arg;
 typedef struct { int kernel, dims, nargs; size_t g[3], l[3]; Arg *args; char name[NAME]; cl_kernel k; } Launch;
 typedef struct { int arena; size_t offset, count; char name[NAME]; } Region;
 typedef struct { char name[NAME]; int n; int *seq; } Call;
@@ -330,10 +487,10 @@ static char tok[4096], seal_hex[65];
 static int item;                                   /* bytes per element: 4 or 8 */
 static char source[NAME], opt[NAME];
 static int narenas, nkernels, nlaunches, nio[3], nloss, ncalls, nsums, scal_arena = -1, nids, *id_input;
-static unsigned long *id_bound;
+static uint64_t *id_bound;
 static Arena *arenas; static char (*kernels)[NAME]; static Launch *launches;
 static Region *io[3], *loss; static Call calls[4]; static Sum *sums;
-static size_t batch, scal_offset; static double lr, b1, b2; static unsigned long step0;
+static size_t batch, scal_offset; static double lr, b1, b2; static uint64_t step0;
 
 static void die(const char *fmt, ...) {
     va_list ap; va_start(ap, fmt);
@@ -354,16 +511,17 @@ static void say(const char *fmt, ...) {
 
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) die("out of memory (%lu x %lu bytes)", (unsigned long)n, (unsigned long)size);
+    if (!p) die("out of memory (%" PRIu64 " x %" PRIu64 " bytes)", (uint64_t)n, (uint64_t)size);
     return p;
 }
 
 /* -- files -------------------------------------------------------------------------------- */
 /* The whole file, with a 0 after it; NULL (errno set) when it cannot be read. */
 static char *try_read_file(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb"); char *data; long n = 0;
+    FILE *f = fopen(path, "rb"); char *data; int64_t n = 0;
     if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET)) { fclose(f); return NULL; }
+    if (kl_seek(f, 0, SEEK_END) || (n = (int64_t)kl_tell(f)) < 0 || kl_seek(f, 0, SEEK_SET)) { fclose(f); return NULL; }
+    if ((uint64_t)n >= (uint64_t)SIZE_MAX) { fclose(f); errno = EFBIG; return NULL; }
     data = xcalloc((size_t)n + 1, 1);
     if (fread(data, 1, (size_t)n, f) != (size_t)n) { fclose(f); free(data); errno = EIO; return NULL; }
     fclose(f); *size = (size_t)n; return data;
@@ -373,13 +531,13 @@ static char *read_file(const char *path, size_t *size) {
     if (!data) die("cannot read %s (%s)", path, strerror(errno));
     return data;
 }
-/* Written whole or not at all: a temporary file beside it, renamed onto it. */
+/* Written whole or not at all: a temporary file beside it, renamed onto it (kl_replace). */
 static int try_write_file(const char *path, const void *data, size_t size) {
     char tmp[4200]; FILE *f;
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
+    snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, kl_pid());
     if (!(f = fopen(tmp, "wb"))) return 0;
     if (fwrite(data, 1, size, f) != size) { fclose(f); remove(tmp); return 0; }
-    if (fclose(f) || rename(tmp, path)) { remove(tmp); return 0; }
+    if (fclose(f) || kl_replace(tmp, path)) { remove(tmp); return 0; }
     return 1;
 }
 static void write_file(const char *path, const void *data, size_t size) {
@@ -392,8 +550,8 @@ static const char *next(void) {
     while (ppos < plen && strchr(" \t\r\n", ptext[ppos])) ppos++;
     if (ppos >= plen) die("bundle %s: plan.txt ends early (truncated?)", bundle);
     while (ppos < plen && !strchr(" \t\r\n", ptext[ppos])) {
-        if (n == sizeof tok - 1) die("bundle %s: plan.txt is malformed: a token of over %lu characters",
-                                     bundle, (unsigned long)n);
+        if (n == sizeof tok - 1) die("bundle %s: plan.txt is malformed: a token of over %" PRIu64 " characters",
+                                     bundle, (uint64_t)n);
         tok[n++] = ptext[ppos++];
     }
     tok[n] = 0; return tok;
@@ -402,11 +560,11 @@ static void expect(const char *kw) {
     if (strcmp(next(), kw)) die("bundle %s: plan.txt is malformed: expected '%s', found '%.60s'",
                                 bundle, kw, tok);
 }
-static unsigned long num(const char *what, unsigned long max) {
-    char *end; unsigned long v;
-    next(); errno = 0; v = strtoul(tok, &end, 10);
+static uint64_t num(const char *what, uint64_t max) {
+    char *end; uint64_t v;
+    next(); errno = 0; v = strtoull(tok, &end, 10);
     if (tok[0] == '-' || tok[0] == '+' || *end || errno || v > max)
-        die("bundle %s: plan.txt is malformed: %s '%.60s' is not a whole number <= %lu",
+        die("bundle %s: plan.txt is malformed: %s '%.60s' is not a whole number <= %" PRIu64,
             bundle, what, tok, max);
     return v;
 }
@@ -419,13 +577,13 @@ static void name(char *dst) {
     next(); if (strlen(tok) >= NAME) die("bundle %s: plan.txt: name too long: %.60s...", bundle, tok);
     strcpy(dst, tok);
 }
-static void inside(const char *what, const char *which, int arena, unsigned long offset, unsigned long count) {
+static void inside(const char *what, const char *which, int arena, uint64_t offset, uint64_t count) {
     if (offset > arenas[arena].elements || count > arenas[arena].elements - offset)
-        die("bundle %s: plan.txt: %s %s [%lu, %lu) lies outside arena %s (%lu elements)", bundle,
-            what, which, offset, offset + count, arenas[arena].role, (unsigned long)arenas[arena].elements);
+        die("bundle %s: plan.txt: %s %s [%" PRIu64 ", %" PRIu64 ") lies outside arena %s (%" PRIu64 " elements)", bundle,
+            what, which, offset, offset + count, arenas[arena].role, (uint64_t)arenas[arena].elements);
 }
 static void region(Region *r, const char *what) {
-    r->arena = (int)num(what, (unsigned long)narenas - 1);
+    r->arena = (int)num(what, (uint64_t)narenas - 1);
     r->offset = num(what, 0xFFFFFFFFul); r->count = num(what, 0xFFFFFFFFul); name(r->name);
     inside(what, r->name, r->arena, r->offset, r->count);
 }
@@ -438,11 +596,11 @@ static void is_hex64(const char *s, const char *what) {
 static void check_launch(Launch *L) {
     int a, b, j;
     for (j = 0; j < L->dims; j++) {
-        if (L->g[j] == 0) die("bundle %s: plan.txt: launch %s: global size %lu in dimension %d "
-                              "(each must be at least 1)", bundle, L->name, (unsigned long)L->g[j], j);
+        if (L->g[j] == 0) die("bundle %s: plan.txt: launch %s: global size %" PRIu64 " in dimension %d "
+                              "(each must be at least 1)", bundle, L->name, (uint64_t)L->g[j], j);
         if (L->l[0] && (L->l[j] == 0 || L->g[j] % L->l[j]))
-            die("bundle %s: plan.txt: launch %s: local size %lu does not divide global size %lu in "
-                "dimension %d", bundle, L->name, (unsigned long)L->l[j], (unsigned long)L->g[j], j);
+            die("bundle %s: plan.txt: launch %s: local size %" PRIu64 " does not divide global size %" PRIu64 " in "
+                "dimension %d", bundle, L->name, (uint64_t)L->l[j], (uint64_t)L->g[j], j);
     }
     for (a = 0; a < L->nargs; a++) {
         if (L->args[a].slot >= L->nargs) die("bundle %s: plan.txt: launch %s: slot %d of %d arguments",
@@ -459,10 +617,10 @@ static void check_launch(Launch *L) {
                       "in slot %d", bundle, L->name, A->slot, A->slot + 1);
         {
             char what[NAME + 64];
-            snprintf(what, sizeof what, "launch %s slot %d (%s, extent %lu)", L->name, A->slot, A->access, A->extent);
+            snprintf(what, sizeof what, "launch %s slot %d (%s, extent %" PRIu64 ")", L->name, A->slot, A->access, A->extent);
             if (off->value > arenas[A->value].elements || A->extent > arenas[A->value].elements - off->value)
-                die("bundle %s: plan.txt: %s: [%lu, %lu) lies outside arena %s (%lu elements)", bundle, what,
-                    off->value, off->value + A->extent, arenas[A->value].role, (unsigned long)arenas[A->value].elements);
+                die("bundle %s: plan.txt: %s: [%" PRIu64 ", %" PRIu64 ") lies outside arena %s (%" PRIu64 " elements)", bundle, what,
+                    off->value, off->value + A->extent, arenas[A->value].role, (uint64_t)arenas[A->value].elements);
         }
     }
 }
@@ -511,7 +669,7 @@ static void load_plan(void) {
     launches = xcalloc(nlaunches, sizeof *launches);
     for (i = 0; i < nlaunches; i++) {
         Launch *L = &launches[i];
-        expect("launch"); L->kernel = (int)num("kernel index", (unsigned long)nkernels - 1);
+        expect("launch"); L->kernel = (int)num("kernel index", (uint64_t)nkernels - 1);
         L->dims = (int)num("dimensions", 3);
         if (L->dims < 1) die("bundle %s: plan.txt: launch %d has 0 dimensions", bundle, i);
         for (j = 0; j < 3; j++) L->g[j] = num("global size", 0xFFFFFFFFul);
@@ -522,7 +680,7 @@ static void load_plan(void) {
             Arg *A = &L->args[a];
             expect("arg"); A->slot = (int)num("slot", 1023); next();
             if (!strcmp(tok, "arena")) {
-                A->is_arena = 1; A->value = num("arena index", (unsigned long)narenas - 1);
+                A->is_arena = 1; A->value = num("arena index", (uint64_t)narenas - 1);
                 next();
                 if (strcmp(tok, "in") && strcmp(tok, "out") && strcmp(tok, "inout"))
                     die("bundle %s: plan.txt: launch %s slot %d: access '%.60s' is not in, out or inout",
@@ -550,13 +708,13 @@ static void load_plan(void) {
     expect("ids"); nids = (int)num("ids count", 1024);      /* inputs an embedding reads as ids */
     id_input = xcalloc(nids ? nids : 1, sizeof *id_input); id_bound = xcalloc(nids ? nids : 1, sizeof *id_bound);
     for (i = 0; i < nids; i++) {
-        expect("id"); id_input[i] = (int)num("ids input", nio[0] ? (unsigned long)nio[0] - 1 : 0);
+        expect("id"); id_input[i] = (int)num("ids input", nio[0] ? (uint64_t)nio[0] - 1 : 0);
         id_bound[i] = num("ids bound", 0xFFFFFFFFul);
         if (!nio[0] || !id_bound[i]) die("bundle %s: plan.txt: bad ids record %d", bundle, i);
     }
     expect("losses"); nloss = (int)num("loss count", 1024); loss = xcalloc(nloss, sizeof *loss);
     for (i = 0; i < nloss; i++) {
-        expect("loss"); loss[i].arena = (int)num("loss arena", (unsigned long)narenas - 1);
+        expect("loss"); loss[i].arena = (int)num("loss arena", (uint64_t)narenas - 1);
         loss[i].offset = num("loss offset", 0xFFFFFFFFul); loss[i].count = num("loss count", 0xFFFFFFFFul);
         strcpy(loss[i].name, "part");
         inside("loss", loss[i].name, loss[i].arena, loss[i].offset, loss[i].count);
@@ -575,7 +733,7 @@ static void load_plan(void) {
         Call *c = &calls[ncalls];
         if (strcmp(tok, "call") || ncalls == 4) die("bundle %s: plan.txt is malformed: expected 'call' or 'files', found '%.60s'", bundle, tok);
         name(c->name); c->n = (int)num("call length", 1000000); c->seq = xcalloc(c->n, sizeof(int));
-        for (i = 0; i < c->n; i++) c->seq[i] = (int)num("launch index", (unsigned long)nlaunches - 1);
+        for (i = 0; i < c->n; i++) c->seq[i] = (int)num("launch index", (uint64_t)nlaunches - 1);
     }
     nsums = (int)num("file count", 64); sums = xcalloc(nsums, sizeof *sums);
     for (i = 0; i < nsums; i++) {
@@ -602,8 +760,8 @@ static void check_files(void) {
     for (i = 0; i < nsums; i++) {
         snprintf(path, sizeof path, "%s/%s", bundle, sums[i].name);
         if (!(data = try_read_file(path, &n))) die("bundle %s: %s is missing or unreadable (%s)", bundle, sums[i].name, strerror(errno));
-        if (n != sums[i].bytes) die("bundle %s: %s has %lu bytes; plan.txt says %lu", bundle, sums[i].name,
-                                    (unsigned long)n, (unsigned long)sums[i].bytes);
+        if (n != sums[i].bytes) die("bundle %s: %s has %" PRIu64 " bytes; plan.txt says %" PRIu64, bundle, sums[i].name,
+                                    (uint64_t)n, (uint64_t)sums[i].bytes);
         sha256_hex(data, n, hex); free(data);
         if (strcmp(hex, sums[i].sha))
             die("bundle %s: %s is damaged (its SHA-256 does not match plan.txt's)%s", bundle, sums[i].name,
@@ -616,12 +774,21 @@ static void check_files(void) {
 static cl_device_id pick_device(void) {
     cl_platform_id ps[16]; cl_device_id ds[16]; cl_uint np = 0, nd, p; const char *want = getenv("KILNET_RUN_DEVICE");
     if (clGetPlatformIDs(16, ps, &np) != CL_SUCCESS || np == 0) {
-        const char *vendors = getenv("OCL_ICD_VENDORS");
+        const char *vendors = getenv(KL_DRIVERS_VARIABLE);
+#ifdef _WIN32
+        die("the OpenCL loader %s found no driver (OCL_ICD_FILENAMES=%s). GPU drivers register "
+            "themselves under " KL_DRIVERS_DEFAULT "; for Intel's CPU runtime from pip, run "
+            "`kilnet devices --register` once as administrator, or (in a process that is not "
+            "elevated) name intelocl64.dll in OCL_ICD_FILENAMES: set OCL_ICD_FILENAMES=<the "
+            "environment>\\Library\\bin\\intelocl64.dll", loader_name,
+            vendors && *vendors ? vendors : "(unset)");
+#else
         die("the OpenCL loader %s found no driver (OCL_ICD_VENDORS=%s). Point OCL_ICD_VENDORS at a "
             "folder of .icd files naming the drivers; for the CPU runtimes kilnet installs, the "
             "folder kilnet makes: export OCL_ICD_VENDORS=$(python -c 'import kilnet, os; "
             "print(os.environ[\"OCL_ICD_VENDORS\"])')", loader_name,
             vendors && *vendors ? vendors : "(unset: /etc/OpenCL/vendors)");
+#endif
     }
     if (want && *want) {
         unsigned pi, di;
@@ -702,19 +869,19 @@ static void cache_program(cl_program prog) {
     file = xcalloc(len + sizeof head, 1);
     memcpy(file, head, 14 + 64 + 1); memcpy(file + 14 + 64 + 1, bin, len);
     snprintf(path, sizeof path, "%s/" CACHE_DIR, bundle);
-    mkdir(path, 0777);
+    kl_mkdir(path);
     cache_path(path, sizeof path);
-    if (try_write_file(path, file, len + 14 + 64 + 1)) say("program cached in %s (%lu bytes)", path, (unsigned long)len);
+    if (try_write_file(path, file, len + 14 + 64 + 1)) say("program cached in %s (%" PRIu64 " bytes)", path, (uint64_t)len);
     else say("cannot cache the program in %s (%s)", path, strerror(errno));
     free(file); free(bin);
 }
 
 /* --from DIR: the arena files and step.txt of a folder that train wrote. */
-static unsigned long from_step(void) {
-    char path[4096], *text, *end; size_t n; unsigned long v;
+static uint64_t from_step(void) {
+    char path[4096], *text, *end; size_t n; uint64_t v;
     snprintf(path, sizeof path, "%s/step.txt", from_dir);
     if (!(text = try_read_file(path, &n))) die("--from %s: cannot read step.txt (%s)", from_dir, strerror(errno));
-    errno = 0; v = strtoul(text, &end, 10);
+    errno = 0; v = strtoull(text, &end, 10);
     if (!n || text[0] < '0' || text[0] > '9' || errno || (*end && strcmp(end, "\n")))
         die("--from %s: step.txt must hold one whole number, got '%.40s'", from_dir, text);
     free(text); return v;
@@ -740,8 +907,8 @@ static void transfer(Region *r, char *host, int write) {
 static size_t io_bytes(int j) { size_t n = 0; int i; for (i = 0; i < nio[j]; i++) n += io[j][i].count * item; return n; }
 static char *read_batches(const char *path, int j, size_t *nbatch) {
     size_t size, per = io_bytes(j); char *data = read_file(path, &size);
-    if (!per || !size || size % per) die("%s has %lu bytes; it must hold whole batches of %lu bytes (%s of batch %lu)",
-                                         path, (unsigned long)size, (unsigned long)per, j ? "targets" : "inputs", (unsigned long)batch);
+    if (!per || !size || size % per) die("%s has %" PRIu64 " bytes; it must hold whole batches of %" PRIu64 " bytes (%s of batch %" PRIu64 ")",
+                                         path, (uint64_t)size, (uint64_t)per, j ? "targets" : "inputs", (uint64_t)batch);
     *nbatch = size / per; return data;
 }
 /* Every value of an input that an embedding reads as ids, in every batch of `data` (from
@@ -758,9 +925,9 @@ static void check_ids(const char *data, size_t nbatch, const char *path) {
                 for (e = 0; e < io[0][j].count; e++) {
                     double v = item == 4 ? (double)((const float *)p)[e] : ((const double *)p)[e];
                     if (!(v >= 0 && v < (double)id_bound[i] && floor(v) == v))
-                        die("%s: batch %lu: input %s holds %g at sample %lu, position %lu; its values are ids, "
-                            "integers in [0, %lu); nothing was run", path, (unsigned long)b, io[0][j].name, v,
-                            (unsigned long)(e / per), (unsigned long)(e % per), id_bound[i]);
+                        die("%s: batch %" PRIu64 ": input %s holds %g at sample %" PRIu64 ", position %" PRIu64 "; its values are ids, "
+                            "integers in [0, %" PRIu64 "); nothing was run", path, (uint64_t)b, io[0][j].name, v,
+                            (uint64_t)(e / per), (uint64_t)(e % per), id_bound[i]);
                 }
             }
             p += io[0][j].count * item;
@@ -775,9 +942,19 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--about")) {
         find_kilnet_vendors();
         loader = open_opencl(path, sizeof path);
+#ifdef _WIN32
+        {
+            const char *files = getenv(KL_DRIVERS_VARIABLE);
+            printf("kilnet_run: OpenCL declarations: %s; loader: %s; drivers: %s%s%s%s\n", KL_HEADERS,
+                   loader ? loader : path, KL_DRIVERS_DEFAULT, files && *files ? " and (where not "
+                   "elevated) OCL_ICD_FILENAMES=" : "", files && *files ? files : "",
+                   files && *files && kilnet_vendors[0] ? " (kilnet_run set it)" : "");
+        }
+#else
         printf("kilnet_run: OpenCL declarations: %s; loader: %s; drivers: %s\n", KL_HEADERS,
                loader ? loader : path, kilnet_vendors[0] ? kilnet_vendors :
-               getenv("OCL_ICD_VENDORS") ? getenv("OCL_ICD_VENDORS") : "/etc/OpenCL/vendors");
+               getenv(KL_DRIVERS_VARIABLE) ? getenv(KL_DRIVERS_VARIABLE) : KL_DRIVERS_DEFAULT);
+#endif
         return loader ? 0 : 1;
     }
     if (argc >= 3 && !strcmp(argv[1], "--sha256")) {
@@ -823,11 +1000,11 @@ int main(int argc, char **argv) {
     for (i = 0; i < narenas; i++) {
         Arena *A = &arenas[i]; char *data; size_t size = A->elements * item;
         A->mem = clCreateBuffer(ctx, CL_MEM_READ_WRITE, size ? size : (size_t)item, NULL, &err);
-        CHECK(err, "cannot allocate arena %s (%lu bytes)", A->role, (unsigned long)size);
+        CHECK(err, "cannot allocate arena %s (%" PRIu64 " bytes)", A->role, (uint64_t)size);
         if (strcmp(A->file, "-")) {
             snprintf(path, sizeof path, "%s/%s", from_dir ? from_dir : bundle, A->file);
             data = read_file(path, &n);
-            if (n != size) die("%s has %lu bytes; arena %s needs %lu", path, (unsigned long)n, A->role, (unsigned long)size);
+            if (n != size) die("%s has %" PRIu64 " bytes; arena %s needs %" PRIu64, path, (uint64_t)n, A->role, (uint64_t)size);
         } else data = xcalloc(size, 1);
         if (size) CHECK(clEnqueueWriteBuffer(queue, A->mem, CL_TRUE, 0, size, data, 0, NULL, NULL), "write of arena %s", A->role);
         free(data);
@@ -846,25 +1023,25 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(pos[1], "forward")) {
         size_t k; char *in = read_batches(pos[2], 0, &k), *out = xcalloc(io_bytes(2), 1), *p = out;
-        if (k != 1) die("%s holds %lu batches; forward takes one", pos[2], (unsigned long)k);
+        if (k != 1) die("%s holds %" PRIu64 " batches; forward takes one", pos[2], (uint64_t)k);
         check_ids(in, k, pos[2]);
         upload(in, 0);
         run_call("forward");
         for (i = 0; i < nio[2]; i++) { transfer(&io[2][i], p, 0); p += io[2][i].count * item; }
         write_file(pos[3], out, io_bytes(2));
     } else {
-        size_t k, kt, s, used = 0; char *in, *tg, *losses; unsigned long t = step0; struct stat st;
+        size_t k, kt, s, used = 0; char *in, *tg, *losses; uint64_t t = step0;
         if (scal_arena < 0) die("bundle %s has no train_step (export it with train=True / --train)", bundle);
         in = read_batches(pos[2], 0, &k); tg = read_batches(pos[3], 1, &kt);
-        if (k != kt) die("%s holds %lu batches but %s holds %lu", pos[2], (unsigned long)k, pos[3], (unsigned long)kt);
+        if (k != kt) die("%s holds %" PRIu64 " batches but %s holds %" PRIu64, pos[2], (uint64_t)k, pos[3], (uint64_t)kt);
         check_ids(in, k, pos[2]);
-        if (stat(pos[4], &st) || !S_ISDIR(st.st_mode)) die("OUTDIR %s is not a folder (make it first)", pos[4]);
+        if (!kl_is_folder(pos[4])) die("OUTDIR %s is not a folder (make it first)", pos[4]);
         losses = xcalloc(k, 32);
         for (s = 0; s < k; s++) {
             double v[STEP_SCALARS] = {lr, 0, 0, 0, 0, 0}, sum = 0; float f[STEP_SCALARS]; char buf[8 * STEP_SCALARS];
             Region r; size_t e;
-            unsigned long next = t + 1;   /* taken only if the loss is finite, as in Python */
-            if (next >= 4294967296.0) die("step %lu: the step counter holds steps below 2^32", next);
+            uint64_t next = t + 1;   /* taken only if the loss is finite, as in Python */
+            if (next >= 4294967296.0) die("step %" PRIu64 ": the step counter holds steps below 2^32", next);
             if (!strcmp(opt, "adam")) { v[1] = 1.0 - pow(b1, (double)next); v[2] = 1.0 - pow(b2, (double)next); }
             v[4] = (double)(next % 65536); v[5] = (double)(next / 65536);
             for (i = 0; i < STEP_SCALARS; i++) f[i] = (float)v[i];
@@ -879,12 +1056,12 @@ int main(int argc, char **argv) {
             }
             if (isfinite(sum)) {
                 t = next;
-                printf("step %lu loss %.9g\n", t, sum);
+                printf("step %" PRIu64 " loss %.9g\n", t, sum);
             } else {   /* the device's guard (step:ok) skipped every update of this batch */
-                printf("step %lu loss %.9g skipped\n", next, sum);
-                fprintf(stderr, "kilnet_run: batch %lu: the loss is %g, so nothing was updated (a "
+                printf("step %" PRIu64 " loss %.9g skipped\n", next, sum);
+                fprintf(stderr, "kilnet_run: batch %" PRIu64 ": the loss is %g, so nothing was updated (a "
                         "NaN or an infinity in its inputs or targets, or a diverged model); the "
-                        "step count stays %lu\n", (unsigned long)s + 1, sum, t);
+                        "step count stays %" PRIu64 "\n", (uint64_t)s + 1, sum, t);
             }
             used += (size_t)snprintf(losses + used, 32, "%.17g\n", sum);
         }
@@ -898,7 +1075,7 @@ int main(int argc, char **argv) {
             free(data);
         }
         {
-            char line[32]; int len = snprintf(line, sizeof line, "%lu\n", t);
+            char line[32]; int len = snprintf(line, sizeof line, "%" PRIu64 "\n", t);
             snprintf(path, sizeof path, "%s/step.txt", pos[4]); write_file(path, line, (size_t)len);
         }
     }

@@ -15,6 +15,9 @@ system's cc), run with their errors fatal and exit status 86, so that a test exp
 runner's own exit status 1 fails on a memory error it would otherwise mistake for a refusal:
 
     KILNET_RUNNER_SANITIZE=1 python -m pytest tests/test_export.py -k runner
+
+``windows_build`` cross-compiles it for Windows x86-64 with zig (tests/test_runner_windows.py, which
+also runs it under Wine), with the same flags (FLAGS) and warnings as errors.
 """
 import ctypes
 import glob
@@ -25,6 +28,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "..", "runner", "kilnet_run.c")
+# Every build's flags, Linux and Windows alike; a warning fails the build (Windows: -Werror; Linux:
+# the check on the compiler's output below).
+FLAGS = ["-std=c99", "-O2", "-Wall", "-Wextra"]
+WINDOWS_TARGET = "x86_64-windows-gnu"
 
 
 def _mode():
@@ -72,7 +79,7 @@ def build(out, extra=()):
     if sanitized():
         flags += ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                   "-fno-omit-frame-pointer"]
-    r = subprocess.run(cc + ["-std=c99", "-O2", "-Wall", *flags, "-o", out, SOURCE, "-ldl", "-lm"],
+    r = subprocess.run(cc + [*FLAGS, *flags, "-o", out, SOURCE, "-ldl", "-lm"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"building runner/kilnet_run.c with {' '.join(cc)} failed:\n{r.stderr}"
     assert "warning" not in r.stderr, r.stderr
@@ -83,6 +90,19 @@ def build(out, extra=()):
         assert "system's <CL/cl.h>" in about.stdout, "KILNET_RUNNER_SYSTEM=1 but the compiler " \
             "found no <CL/cl.h> (apt-get install opencl-headers)"
     return about.stdout.strip()
+
+
+def windows_build(out, link=True, extra=()):
+    """Cross-compile the runner for Windows x86-64 with zig's cc (MinGW-w64's headers, the UCRT)
+    to ``out``: an .exe, or with ``link=False`` only an object file (a second or so: no C runtime
+    to build, where the first link builds zig's MinGW runtime, a minute cold). Warnings are
+    errors. Returns the compiler's command line."""
+    cmd = [sys.executable, "-m", "ziglang", "cc", "-target", WINDOWS_TARGET, *FLAGS, "-Werror",
+           *extra, *([] if link else ["-c"]), "-o", out, SOURCE]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"building runner/kilnet_run.c for Windows failed:\n{r.stderr}"
+    assert "warning" not in r.stderr, r.stderr
+    return cmd
 
 
 def sanitized():

@@ -130,6 +130,20 @@ SLOW = {
     "tests/test_export.py::test_runner_and_mql5_*[[]gpu[]]":
         "the GPU kernel form of the new ops' bundles through the runner: 15 s (their CPU form "
         "stays in the main run)",
+    "tests/test_runner_windows.py::test_the_exe_needs_only_kernel32_and_the_ucrt":
+        "the runner linked for Windows by zig: 1-2 min on a fresh machine, which builds zig's "
+        "MinGW runtime first (compiling it for Windows with warnings as errors stays in the "
+        "main run: 1 s)",
+    "tests/test_runner_windows.py::test_*under_wine*":
+        "the Windows runner under Wine on Intel's Windows CPU runtime: 60 s, and once per machine "
+        "30-80 s more to fetch the wheels (140 MB) and make the Wine prefix; they skip without "
+        "wine",
+    "tests/test_readme_shell.py::test_readme_command[[]*x86_64-pc-windows-msvc*":
+        "docs/guides/windows.md's uv resolution for Windows, from PyPI: 10 s",
+    "tests/test_windows_install.py::*":
+        "uv resolving pyproject.toml for Windows (base and every extra) and Linux: 5 s from uv's "
+        "cache, 27 s on a fresh machine, which fetches PyPI's metadata (the faked-Windows unit "
+        "tests, tests/test_windows_branches.py, stay in the main run)",
 }
 
 

@@ -46,7 +46,7 @@ def wait(reqs, what, limit=DEFAULT_TIMEOUT_S):
     of 12 MiB over 2 ranks:
     - MPICH's single-copy path (CMA) off, as MPICH sets it under Yama's ptrace_scope >= 1: the
       data crosses in 8 KiB cells, about one per test; sleeping 20 µs to 1 ms between tests
-      (this function until 2026-12-02) took 1.82 s, MPI_Wait 5.7 ms, this loop 8.2 ms (2-core
+      took 1.82 s, MPI_Wait 5.7 ms, this loop 8.2 ms (2-core
       EPYC VM, ``MPIR_CVAR_CH4_CMA_ENABLE=0 mpiexec -n 2 python benchmarks/allreduce_host.py
       --mib 12``);
     - with CMA: sleeping 3.64 ms, MPI_Wait 2.74, this loop 2.49 (H200 host, ``mpiexec -n 2
