@@ -388,11 +388,11 @@ def test_save_writes_the_step_count_and_init_continues_from_it(bundles):
     # Save: the stored arenas, then step.txt in the same folder
     save = member(text, "Save")
     assert save.index('WriteStep(folder+"\\\\step.txt",fc)') > save.rindex("FileWriteArray(")
-    # the format: one decimal line "N\n", what runner/kilnet_run.c writes ("%lu\n" to
+    # the format: one decimal line "N\n", what runner/kilnet_run.c writes ("%" PRIu64 "\n" to
     # OUTDIR/step.txt), so that a folder saved by either continues in both
-    with open(os.path.join(ROOT, "runner", "kilnet_run.c")) as f:
+    with open(os.path.join(ROOT, "runner", "kilnet_run.c"), encoding="utf-8") as f:
         runner = f.read()
-    assert '"%s/step.txt"' in runner and '"%lu\\n"' in runner
+    assert '"%s/step.txt"' in runner and '"%" PRIu64 "\\n"' in runner
     write = member(text, "WriteStep")
     assert "d[n]=(uchar)('0'+v%10);" in write and "b[i]=d[n-1-i];" in write
     assert "b[n]=(uchar)'\\n';" in write and "FileSave(file,b,common)" in write
