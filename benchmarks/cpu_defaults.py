@@ -1,4 +1,4 @@
-"""The CPU product defaults (policy/schedule.py's CPU_PRODUCTS) against each other on this
+"""The CPU product defaults (policy/cpu_gemm.py's CPU_PRODUCTS) against each other on this
 device, side by side in one process, without any schedule table.
 
     python benchmarks/cpu_defaults.py                          # before (PoCL's) vs this device's
@@ -25,20 +25,20 @@ import numpy as np
 
 import kilnet as kn
 from kilnet import tune
-from kilnet.policy import schedule
+from kilnet.policy import cpu_gemm
 from kilnet.runtime import timing
 
 from harness import alternate
 from workloads import ADAM, WORKLOADS, w3_graph
 
-BEFORE = schedule.CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(16, 1))
+BEFORE = cpu_gemm.CpuProducts(kvec=(4, 4), nvec=(6, 2), kvec_local=(16, 1), nvec_local=(16, 1))
 
 
 def parse(text, fma=False):
     """'k4x4/16x1 n6x2/16x1' -> CpuProducts (accumulating as ``fma``: the device's own)."""
     parts = {w[0]: [tuple(int(v) for v in p.split("x")) for p in w[1:].split("/")]
              for w in text.split()}
-    return schedule.CpuProducts(kvec=parts["k"][0], kvec_local=parts["k"][1],
+    return cpu_gemm.CpuProducts(kvec=parts["k"][0], kvec_local=parts["k"][1],
                                 nvec=parts["n"][0], nvec_local=parts["n"][1], fma=fma)
 
 
@@ -50,16 +50,16 @@ def label(c):
 def compile_with(cand, impl, g, batch, **kw):
     """The model compiled with ``cand`` as the defaults of CPU_PRODUCTS entry ``impl``, and its
     gemm_vec requests."""
-    old = schedule.CPU_PRODUCTS.get(impl)
-    schedule.CPU_PRODUCTS[impl] = cand
+    old = cpu_gemm.CPU_PRODUCTS.get(impl)
+    cpu_gemm.CPU_PRODUCTS[impl] = cand
     try:
         model = kn.compile(g, batch=batch, seed=0, **kw)
         return model, requests(model)
     finally:
         if old is None:
-            del schedule.CPU_PRODUCTS[impl]
+            del cpu_gemm.CPU_PRODUCTS[impl]
         else:
-            schedule.CPU_PRODUCTS[impl] = old
+            cpu_gemm.CPU_PRODUCTS[impl] = old
 
 
 def requests(model):
@@ -134,8 +134,8 @@ def main(argv=None):
         f.write("{}\n")
     os.environ["KILNET_SCHEDULES"] = empty          # the policy alone, whatever the cache holds
     probe = kn.compile(w3_graph()[0], batch=1)
-    impl = schedule.products_key(probe.plan.target)
-    own = schedule.cpu_products(probe.plan.target)
+    impl = cpu_gemm.products_key(probe.plan.target)
+    own = cpu_gemm.cpu_products(probe.plan.target)
     cands = [parse(c, own.fma) for c in o.candidates.split(";")] if o.candidates else \
         [BEFORE, own]
     print(f"device: {probe.device.name.strip()} ({impl}, {probe.device.driver_version}); "

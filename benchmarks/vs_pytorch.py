@@ -87,6 +87,7 @@ import numpy as np
 
 import kilnet as kn
 from kilnet import tune
+from kilnet.policy import schedule_table
 
 from harness import (alternate, columns, compile_line, compile_times, cpu_floor_rates, cpu_name,
                      floor_ms, gemm_line, header, host_ms, kilnet_enqueue_step, measure_peaks,
@@ -418,9 +419,9 @@ def main(argv=None):
           f"warm-up", flush=True)
     print(f"# kilnet submit: {probe._exec.submit.why}", flush=True)
     if a.tune and a.table is None:
-        a.table = tune.sched.tuned_table_path(probe.plan.target, probe.settings)
+        a.table = schedule_table.tuned_table_path(probe.plan.target, probe.settings)
     if a.tune and not os.path.isfile(a.table):
-        tune.sched.write_table(a.table, {})     # where the policy wins everything, an empty table
+        schedule_table.write_table(a.table, {})     # where the policy wins everything, an empty table
     peaks = peaks_and_floor(a, torch, dev, gpu, probe)
     if not a.smoke:
         print(compile_line(compile_times(a.device)), flush=True)

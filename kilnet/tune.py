@@ -12,8 +12,8 @@ A candidate is kept only if it beats the policy by more than the measured noise 
 of a 95 % interval of the median of the paired time ratios, at least ``MIN_NOISE``), and then
 again in a fresh measurement (where the medians of the two times must also agree), so that the
 luckiest of many noisy draws is not kept by chance.
-Winners are merged into the device's table (``schedule.tuned_table_path``: keyed by device and
-driver version) under keys of a kernel family at a shape (``schedule.shaped_key``:
+Winners are merged into the device's table (``schedule_table.tuned_table_path``: keyed by device and
+driver version) under keys of a kernel family at a shape (``schedule_table.shaped_key``:
 ``gemm_vec@float:K=..,M=..``), so a later compile on that device picks them up, for every launch
 of that family and shape whatever it is named; launches of one family and shape are tuned once,
 as one item. An entry for which the policy won is removed from the table.
@@ -131,7 +131,7 @@ def tune(model, budget=DEFAULT_BUDGET, only=None, path=None, write=True, log=Non
     only: launch names or families (shell patterns, e.g. ``"dense*"``, ``"gemm_vec"``) to tune;
         default every tunable launch.
     path: the table to merge into (default: ``KILNET_SCHEDULES``, else the device's table in
-        the cache dir, ``schedule.tuned_table_path``; both as the model's settings say). write=False measures without writing.
+        the cache dir, ``schedule_table.tuned_table_path``; both as the model's settings say). write=False measures without writing.
     log: called with a line of progress per decision (e.g. ``print``). Where standard error
         is a terminal, a line "kilnet: tuning <model>: 3 of 10 (<launch>)" shows there too,
         cleared before each log line and redrawn after it (runtime/progress.py)."""

@@ -1,4 +1,4 @@
-"""Runs CPU products split along k (policy/schedule.py's vec_split; forced here by an override
+"""Runs CPU products split along k (policy/cpu_gemm.py's vec_split; forced here by an override
 table, since the policy splits only where work-items are fewer than a many-core CPU's units) once
 on odd sizes, in each CPU entry's blocking (KILNET_CPU_PRODUCTS); tests/test_oclgrind.py runs
 this under Oclgrind, with the arenas poisoned and each launch's declared extents checked.

@@ -1,4 +1,4 @@
-"""The CPU products' defaults are per OpenCL implementation (policy/schedule.py's
+"""The CPU products' defaults are per OpenCL implementation (policy/cpu_gemm.py's
 CPU_PRODUCTS): each implementation's policy picks its own blocks and groups, and products in
 those schedules match numpy on ragged shapes (rows not a multiple of the block, columns not a
 multiple of the vectors, groups past the edge), in float32 and float64, on every CPU
