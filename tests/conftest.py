@@ -164,6 +164,32 @@ SLOW = {
         "every GPU-form candidate of the tuner built and run: 6 s (as its CPU-form twin)",
     "tests/test_graph_attention.py::test_graph_attention[[]70-2-1-20-None-gpu[]]":
         "graph attention's largest case in the GPU form: 7 s (its other cases stay)",
+    # ... and these 12 (64 s): two cold runs of the same tree took 503 and 567 s without them.
+    "tests/test_kernel_forms.py::test_tiled_and_vector_forms_agree[[]intel-accumulate[]]":
+        "the tiled and vector forms accumulating into an output: 7 s (the plain shapes stay)",
+    "tests/test_kernel_forms.py::test_sliced_products_agree[[]intel-130-70-131-want0[]]":
+        "sliced products, the first shape: 4 s (the sliced policy's unit tests stay)",
+    "tests/test_export.py::test_mql5_include_holds_the_plans_table":
+        "every example's MQL5 include read for the plan's table: 7 s (the include's own tests, "
+        "tests/test_mql5.py, stay)",
+    "tests/test_readme_shell.py::test_readme_command[[]docs/guides/mql5-onnx.md:75-*":
+        "the docs' export of a checkpoint to ONNX and MQL5: 6 s (the ONNX tests stay)",
+    "tests/test_gte_encoder.py::test_right_adjacency_beats_the_chain":
+        "the GTE encoder learning with the right adjacency: 6 s (its gradient checks stay)",
+    "tests/test_distq_learning.py::test_pandas_written_file_runs":
+        "the distributional Q example on a pandas-written file: 5 s (its CSV reader's tests stay)",
+    "tests/test_onnx_attention.py::test_gte_encoder_example_onnx":
+        "the GTE encoder example through onnxruntime: 5 s (the block's ONNX cases stay)",
+    "tests/test_onnx_attention.py::test_gte_block_onnx[[]7-5-3-2-user[]]":
+        "the largest GTE block case through onnxruntime: 5 s",
+    "tests/test_devices.py::test_a_really_broken_pocl_is_skipped_and_refused_by_name":
+        "a broken PoCL run in a child process: 5 s (the faked broken device stays)",
+    "tests/test_self_attention.py::test_forward_and_gradients[[]129-2-1-16-True-1-cpu[]]":
+        "self-attention's longest sequence: 5 s (its other cases stay)",
+    "tests/test_graph_attention.py::test_graph_attention[[]65-2-3-2-user-gpu[]]":
+        "graph attention with a user adjacency in the GPU form, 65 units: 4 s",
+    "tests/test_onnx_conv.py::test_trained_model[[]float64[]]":
+        "a trained conv model through onnxruntime in float64: 4 s (float32 stays)",
     "tests/test_runner_windows.py::test_the_exe_needs_only_kernel32_and_the_ucrt":
         "the runner linked for Windows by zig: 1-2 min on a fresh machine, which builds zig's "
         "MinGW runtime first (compiling it for Windows with warnings as errors stays in the "
