@@ -41,16 +41,15 @@ import tempfile
 import warnings
 
 try:
-    from .cachefile import replace
+    from . import cachefile
 except ImportError:                  # a plain module of this folder (probe.py, build_child.py)
-    from cachefile import replace
+    import cachefile
 
 SYSTEM_VENDORS = "/etc/OpenCL/vendors"
 # The compiler runtime the Intel library links against (intel-cmplr-lib-rt). Its RUNPATH is
 # $ORIGIN, which finds them only when both packages landed in one lib/ folder; loading them first
 # by full path makes the library's own lookup find them already loaded wherever they are.
 LINUX_RUNTIME_LIBS = ("libintlc.so.5", "libimf.so", "libsvml.so", "libirng.so")
-RUNTIME_LIBS = LINUX_RUNTIME_LIBS
 
 # Windows: the dll of Intel's CPU runtime, the TBB it loads at run time, the Khronos loader's
 # variable and registry key.
@@ -121,7 +120,7 @@ def _write_vendors(entries, root):
         with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
             f.write(lib + "\n")
     try:
-        replace(tmp, folder)               # another process may have won the race: theirs is the same
+        cachefile.replace(tmp, folder)     # another process may have won the race: theirs is the same
     except OSError:
         for name in entries:
             os.unlink(os.path.join(tmp, name))
@@ -165,18 +164,7 @@ def record_loader(cache_root):
     path = os.path.join(cache_root, LOADER_RECORD)
     if _read(path) == lib:
         return lib
-    tmp = None
-    try:
-        os.makedirs(cache_root, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_root, prefix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(lib + "\n")
-        replace(tmp, path)             # whole or not at all
-    except OSError:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-        return None
-    return lib
+    return lib if cachefile.write(path, (lib + "\n").encode("utf-8")) else None
 
 
 def register(cache_root):
