@@ -7,7 +7,7 @@ import pytest
 
 import kilnet as kn
 from kilnet.compiler import lower as lower_mod
-from kilnet.compiler.render import macros
+from kilnet.runtime.program_text import macros
 from kilnet.policy import symbolic
 from kilnet.policy.target import Target
 from render_sources import graphs

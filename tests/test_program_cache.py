@@ -2,6 +2,8 @@
 its second saves the binary, later ones load it; a damaged entry is rebuilt, an unwritable cache
 only costs time."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -83,17 +85,30 @@ def test_unwritable_cache_only_costs_time(tmp_path, monkeypatch):
     np.testing.assert_array_equal(run(prg, ctx, queue), 2 * np.arange(5))
 
 
-def test_model_compiles_from_cached_binaries(cache):
-    """A whole model, third compile: every kernel from a binary, same results."""
+@pytest.mark.parametrize("together", [False, True])
+def test_model_compiles_from_cached_binaries(cache, monkeypatch, together):
+    """A whole model, third compile: every kernel from a binary (its own, or that of the program
+    it was built together with), same results."""
+    dev = devmod.select(None)
+    monkeypatch.setattr(program, "TOGETHER", (devmod.implementation(dev),) if together else ())
     g = kn.Graph("cached")
     g.output("y", kn.dense(kn.dense(g.input("x", (7,)), 5, activation="tanh"), 3))
     x = np.random.default_rng(0).standard_normal((4, 7))
     outs = []
     for _ in range(3):
-        devmod.context(devmod.select(None))[2].clear()      # forget in-memory programs
+        devmod.context(dev)[2].clear()      # forget in-memory programs
         m = kn.compile(g, batch=4, seed=1)
         outs.append(m.forward({"x": x})["y"])
-    assert len(list(cache.glob("*.bin"))) == len(m.plan.sources) > 0     # one per program
+    stems = {os.path.basename(program.cache_stem(dev, s, (), str(cache)))
+             for s in m.plan.sources.values()}
+    entries_of = {p.stem: p.suffix for p in cache.glob("*") if p.stem in stems}
+    assert set(entries_of) == stems and len(stems) == len(m.plan.sources) > 0   # each kernel's
+    if together:
+        assert set(entries_of.values()) == {".in"}
+        assert len(list(cache.glob("*.bin"))) < len(stems)
+    else:
+        assert set(entries_of.values()) == {".bin"}
+    assert m._exec.build_report["cached"] == len(m.plan.sources)
     np.testing.assert_array_equal(outs[0], outs[2])
 
 
@@ -209,13 +224,16 @@ class Terminal:
         pass
 
 
-@pytest.mark.parametrize("processes", [1, 3])
+@pytest.mark.parametrize("processes,joint", [(1, False), (3, False), (1, True), (3, True)])
 def test_a_compile_that_builds_shows_a_progress_line_on_a_terminal_only(tmp_path, monkeypatch,
-                                                                         in_children, processes):
+                                                                         in_children, processes,
+                                                                         joint):
     """On a terminal: one line, rewritten in place, counting up to every program built (this
     process's and its children's), then cleared; off a terminal, and with every program
-    cached, nothing."""
+    cached, nothing. Kernels built together count when their program is built."""
     import sys
+    here = devmod.implementation(devmod.select(None))
+    monkeypatch.setattr(program, "TOGETHER", (here,) if joint else ())
     monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("KILNET_BUILD_PROCESSES", str(processes))
     g = kn.Graph("progress")
@@ -234,7 +252,7 @@ def test_a_compile_that_builds_shows_a_progress_line_on_a_terminal_only(tmp_path
         assert shown[0].strip() == f"kilnet: building programs for {where}: 0 of {n}"
         assert shown[-1].strip() == f"kilnet: building programs for {where}: {n} of {n}"
         counts = [int(p.split(": ")[-1].split(" of ")[0]) for p in shown]
-        assert counts == sorted(counts) and len(shown) > (2 if processes == 1 else 1)
+        assert counts == sorted(counts) and len(shown) > (1 if joint else 2 if processes == 1 else 1)
         assert term.text.endswith("\r") and "\n" not in term.text      # cleared, one line
     term = Terminal()
     monkeypatch.setattr(sys, "stderr", term)
@@ -242,3 +260,103 @@ def test_a_compile_that_builds_shows_a_progress_line_on_a_terminal_only(tmp_path
     kn.compile(g, batch=5, optimizer=kn.SGD(lr=0.1), loss="mse", seed=1)   # a second time
     deferred = devmod.implementation(devmod.select(None)) in program.DEFERRED
     assert deferred or term.text == ""            # every binary cached (PoCL saves them now)
+
+
+# -- kernels built together (program.TOGETHER) ---------------------------------------------------
+@pytest.fixture
+def together(monkeypatch):
+    """Kernels built together on this device's implementation (Intel's runtime does; PoCL is made
+    to here)."""
+    here = devmod.implementation(devmod.select(None))
+    monkeypatch.setattr(program, "TOGETHER", (here,))
+
+
+def kernels(n, tag="k"):
+    return [(f"{tag}{i}", SOURCE.replace("twice", f"{tag}{i}"), ()) for i in range(n)]
+
+
+def built(items, processes=1, report=None):
+    ctx, queue, _ = devmod.context(devmod.select(None))
+    return program.build_all((ctx, queue, {}), items, cache_dir=settings.read().cache,
+                             where=devmod.index_of(devmod.select(None)), processes=processes,
+                             report=report if report is not None else {})
+
+
+@pytest.mark.parametrize("processes", [1, 3])
+def test_kernels_built_together_train_as_those_built_apart(tmp_path, monkeypatch, processes):
+    monkeypatch.setattr(program, "TOGETHER", ())
+    apart, losses1, y1 = trained(monkeypatch, tmp_path / "apart", processes)
+    assert apart._exec.build_report["together"] == 0
+    here = devmod.implementation(devmod.select(None))
+    monkeypatch.setattr(program, "TOGETHER", (here,))
+    monkeypatch.setattr(program, "IN_CHILDREN", (here,))
+    monkeypatch.setattr(program, "PER_CHILD", 1)
+    joint, losses2, y2 = trained(monkeypatch, tmp_path / "together", processes)
+    report = joint._exec.build_report
+    assert report["together"] == report["programs"] and report["cached"] == 0, report
+    assert (report["children"] == processes - 1) and (processes == 1 or report["built_by_children"])
+    assert losses1 == losses2 and np.array_equal(y1, y2)
+    third, losses3, y3 = trained(monkeypatch, tmp_path / "together", processes)
+    assert third._exec.build_report["cached"] == report["programs"]
+    assert losses3 == losses1 and np.array_equal(y3, y1)
+
+
+def test_each_kernel_built_together_is_found_alone_and_a_changed_one_is_built_alone(cache,
+                                                                                   together):
+    items = kernels(5)
+    built(items)
+    assert sorted(entries(cache)) == [".bin"] + [".in"] * 5       # one program, five entries
+    changed = items[:4] + [("k4", SOURCE.replace("twice", "k4").replace("2.0f", "3.0f"), ())]
+    report = {}
+    out = built(changed, report=report)
+    assert report["cached"] == 4 and report["together"] == 0       # k4 alone: a .bin of its own
+    assert sorted(entries(cache)) == [".bin", ".bin"] + [".in"] * 5
+    ctx, queue, _ = devmod.context(devmod.select(None))
+    x = np.arange(5, dtype=np.float32)
+    import pyopencl as cl
+    for name, factor in (("k1", 2), ("k4", 3)):
+        buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=x)
+        cl.Kernel(out[name], name)(queue, (5,), None, buf)
+        y = np.empty_like(x)
+        cl.enqueue_copy(queue, y, buf)
+        np.testing.assert_array_equal(y, factor * x)
+
+
+@pytest.mark.parametrize("damage", ["gone", "damaged", "other"])
+def test_an_entry_whose_program_is_gone_or_damaged_is_built_again(cache, together, damage):
+    built(kernels(3))
+    (group,) = cache.glob("*.bin")
+    if damage == "gone":
+        group.unlink()
+    elif damage == "damaged":
+        group.write_bytes(b"not a program")
+    else:                                          # an entry naming a program without its kernel
+        built(kernels(2, tag="q"))
+        (other,) = [p for p in cache.glob("*.bin") if p != group]
+        for entry in cache.glob("*.in"):
+            entry.write_text(other.stem)
+    report = {}
+    out = built(kernels(3), report=report)
+    assert sorted(out) == ["k0", "k1", "k2"]
+    assert report["cached"] == 3           # each has an entry; building them again is build()'s
+    prg, ctx, queue = out["k1"], *devmod.context(devmod.select(None))[:2]
+    import pyopencl as cl
+    x = np.arange(5, dtype=np.float32)
+    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=x)
+    cl.Kernel(prg, "k1")(queue, (5,), None, buf)
+    cl.enqueue_copy(queue, x, buf)
+    np.testing.assert_array_equal(x, 2 * np.arange(5))
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_source_that_does_not_build_among_kernels_built_together_is_named(cache, together,
+                                                                             monkeypatch,
+                                                                             processes):
+    monkeypatch.setattr(program, "PER_CHILD", 1)
+    monkeypatch.setattr(program, "IN_CHILDREN", (devmod.implementation(devmod.select(None)),))
+    items = kernels(4)
+    items.insert(2, ("broken", "__kernel void broken(__global float* x) { x[0] = y; }", ()))
+    with pytest.raises(kn.CompileError, match="OpenCL build of kernel 'broken' failed"):
+        built(items, processes)
+    out = built([it for it in items if it[0] != "broken"], processes)
+    assert sorted(out) == ["k0", "k1", "k2", "k3"]

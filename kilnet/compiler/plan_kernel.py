@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from ..policy.vectors import pow2_at_least
 from ..runtime import abi
-from .render import macros
+from ..runtime.program_text import macros
 
 NAME = "kl_plan"
 # A GPU launch of more work-groups than this many per compute unit runs apart. The plan kernel
