@@ -76,6 +76,11 @@ def test_hints_mark_exactly_the_barrier_free_vector_kernels(target):
     assert hinted > 100          # products, column sums, maps, the optimizer, conv gathers
 
 
+def test_the_gpu_form_has_no_hints():
+    for where, source in cpu_sources(("W1_qnet", "W3_mwconv", "batchnorm_mlp"), "gpu"):
+        assert not HINT.search(source), where
+
+
 def test_the_check_sees_a_hint_missing_and_a_hint_too_many():
     source = next(s for w, s in cpu_sources(("two_spirals",)) if "forward" in w and HINT.search(s))
     dropped = HINT.sub("", source)

@@ -77,11 +77,13 @@ class KernelName(str):
     """The kernel's name as templates see it; ``member`` asks ``c.kernel`` for the body as a
     member of the plan kernel (a device function; compiler/plan_kernel.py) instead of a kernel;
     ``guarded`` (kernels.base.Kernel.guarded) for a body that returns at once where its argument
-    GUARD_ARG (names.STEP_OK) is 0."""
+    GUARD_ARG (names.STEP_OK) is 0; ``hints``: a kernel whose work-items compute on vectors says
+    so (``c.kernel(..., vector=V)``: vec_type_hint), which the CPU form does (Intel's compiler
+    then skips its own vectorisation across work-items: docs/concepts/kernel-specs.md)."""
 
-    def __new__(cls, name, member=False, guarded=False):
+    def __new__(cls, name, member=False, guarded=False, hints=False):
         kname = super().__new__(cls, name)
-        kname.member, kname.guarded = member, guarded
+        kname.member, kname.guarded, kname.hints = member, guarded, hints
         kname.group, kname.locals = None, ()
         return kname
 
@@ -93,14 +95,14 @@ class KernelName(str):
         return ""
 
 
-def render(template, consts, names, access, member=False, guarded=False):
-    return render_declared(template, consts, names, access, member, guarded)[0]
+def render(template, consts, names, access, member=False, guarded=False, hints=False):
+    return render_declared(template, consts, names, access, member, guarded, hints)[0]
 
 
-def render_declared(template, consts, names, access, member=False, guarded=False):
+def render_declared(template, consts, names, access, member=False, guarded=False, hints=False):
     """(source, KernelName): the render and what its ``c.kernel`` declared."""
     args = [KernelArg(n, a) for n, a in zip(names, access)]
-    kname = KernelName(PLACEHOLDER, member, guarded)
+    kname = KernelName(PLACEHOLDER, member, guarded, hints)
     body = _env.get_template(f"{template}.cl.j2").render(kname=kname, args=args, **consts)
     # Drop the blank lines that Jinja's control blocks leave behind.
     return "\n".join(line for line in body.splitlines() if line.strip()) + "\n", kname
@@ -109,14 +111,15 @@ def render_declared(template, consts, names, access, member=False, guarded=False
 class Renderer:
     """Collects renders for one plan: kernel name per launch, source per kernel."""
 
-    def __init__(self, ctype):
+    def __init__(self, ctype, hints=False):
         self.header = header(ctype)
+        self.hints = hints         # KernelName.hints: the CPU form's vector hints
         self.sources = {}          # kernel name -> full program source
         self.renders = {}          # kernel name -> what it was rendered from (member)
         self._by_body = {}
 
     def kernel_for(self, launch_name, template, consts, names, access, guarded=False):
-        body = render(template, consts, names, access, guarded=guarded)
+        body = render(template, consts, names, access, guarded=guarded, hints=self.hints)
         digest = hashlib.sha1(body.encode()).hexdigest()
         if digest not in self._by_body:
             kname = re.sub(r"\W", "_", launch_name)
