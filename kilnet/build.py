@@ -13,7 +13,7 @@ from .kernels.optimizers import Optimizer
 from .model import Model
 from .policy.target import Target, check as check_settings
 from .runtime import distributed, mpi_comm
-from .runtime.device import select as select_device
+from .runtime.device import builds as device_builds, select as select_device
 from .settings import read as read_settings
 
 DTYPES = ("float32", "float64")
@@ -132,10 +132,16 @@ def _plan(graph, batch, optimizer, loss, dtype, *, device, settings, input_grads
     if optimizer is not None and not loss:
         raise CompileError("an optimizer needs a loss: pass loss={output: kind}")
     check_settings(settings)
-    dev = select_device(device, settings)
-    plan = lower(graph, batch, optimizer, loss, dtype, input_grads=bool(input_grads),
-                 debug_buffers=bool(debug_buffers), target=Target.of(dev, settings), ranks=ranks,
-                 settings=settings, seed=seed, rank=rank)
+    def lowered(dev):
+        return lower(graph, batch, optimizer, loss, dtype, input_grads=bool(input_grads),
+                     debug_buffers=bool(debug_buffers), target=Target.of(dev, settings),
+                     ranks=ranks, settings=settings, seed=seed, rank=rank)
+    dev = select_device(device, settings, wait=False)        # its probe runs while we lower
+    plan = lowered(dev)
+    if not device_builds(dev):
+        chosen, dev = dev, select_device(device, settings)     # refused, or the next one taken
+        if dev.int_ptr != chosen.int_ptr:
+            plan = lowered(dev)
     return dataclasses.replace(plan, check_finite=bool(check_finite),
                                check_extents=bool(check_extents)), dev
 

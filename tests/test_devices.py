@@ -28,6 +28,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("KILNET_DEVICE", raising=False)
     monkeypatch.setattr(devmod, "_probes", {})
+    monkeypatch.setattr(devmod, "_pending", {})
     monkeypatch.setattr(devmod, "_warned", set())
     return tmp_path
 
@@ -312,3 +313,46 @@ def test_import_records_pyopencls_loader_for_the_runner(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path / "c")) == [icd.LOADER_RECORD]   # no temporary file
     monkeypatch.setattr(icd, "pyopencl_loader", lambda: None)
     assert icd.record_loader(str(tmp_path / "d")) is None and not (tmp_path / "d").exists()
+
+
+def test_a_compile_lowers_its_graph_while_the_probe_runs(fresh, monkeypatch):
+    import threading
+    import kilnet.build as kb
+    lowering = threading.Event()
+    real_lower = kb.lower
+
+    def lower(*a, **k):
+        lowering.set()
+        return real_lower(*a, **k)
+
+    def probe_in_child(pi, di, device):       # answers only once the graph is being lowered
+        return None if lowering.wait(10) else "the probe was not under way while lowering"
+    monkeypatch.setattr(kb, "lower", lower)
+    monkeypatch.setattr(devmod, "_probe_in_child", probe_in_child)
+    g = kn.Graph("g")
+    g.output("y", kn.dense(g.input("x", (3,)), 2))
+    m = kn.compile(g, batch=2, device=CPU_IMPLEMENTATIONS[0])
+    assert devmod.builds(m.device) and not devmod._pending
+    assert m.forward({"x": np.ones((2, 3), np.float32)})["y"].shape == (2, 2)
+
+
+def test_a_default_device_whose_probe_fails_while_lowering_gives_way_to_the_next(fresh,
+                                                                                 monkeypatch):
+    order = ranked()
+    if devmod._is_gpu(order[0]) or len(order) < 2:
+        pytest.skip("needs two CPU implementations first in the default order")
+    why = "error: unknown target CPU 'generic'"
+    monkeypatch.setattr(devmod, "_probe_in_child",
+                        lambda pi, di, d: why if d.int_ptr == order[0].int_ptr else None)
+    import kilnet.build as kb
+    g = kn.Graph("g")
+    g.output("y", kn.dense(g.input("x", (3,)), 2))
+    with pytest.warns(RuntimeWarning, match="cannot build kernels") as caught:
+        # compile's choosing and lowering, without building kernels (the second device is only
+        # said to build here)
+        plan, dev = kb._plan(g, 2, None, None, "float32", device=None, settings=read_settings(),
+                             input_grads=False, debug_buffers=False, check_finite=False,
+                             check_extents=False, seed=0)
+    assert dev.int_ptr == order[1].int_ptr
+    assert devmod.implementation(order[0]) in str(caught[0].message)
+    assert plan.target.implementation == devmod.implementation(order[1])   # lowered for it
