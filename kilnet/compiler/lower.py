@@ -40,7 +40,7 @@ class Lowering:
         self.input_grads, self.debug_buffers = input_grads, debug_buffers
         self.buffers = {}
         self.launches = []
-        self.renderer = Renderer(ctype, hints=target is not None and target.kind == "cpu")
+        self.renderer = Renderer(ctype, hints=target is not None and target.vector_hints)
         self.params, self.state = {}, {}
         self._node_params = {}
         self.targets, self.loss_parts, self.input_grad_buffers = {}, [], {}

@@ -78,8 +78,8 @@ class KernelName(str):
     member of the plan kernel (a device function; compiler/plan_kernel.py) instead of a kernel;
     ``guarded`` (kernels.base.Kernel.guarded) for a body that returns at once where its argument
     GUARD_ARG (names.STEP_OK) is 0; ``hints``: a kernel whose work-items compute on vectors says
-    so (``c.kernel(..., vector=V)``: vec_type_hint), which the CPU form does (Intel's compiler
-    then skips its own vectorisation across work-items: docs/concepts/kernel-specs.md)."""
+    so (``c.kernel(..., vector=V)``: vec_type_hint), as the CPU form does on the implementations
+    of target.VECTOR_HINTS."""
 
     def __new__(cls, name, member=False, guarded=False, hints=False):
         kname = super().__new__(cls, name)

@@ -15,6 +15,8 @@ FORMS = {"intel": "cpu", "pocl": "cpu"}   # the kernel form per implementation; 
 #                                          type. tuning-notes.md#forms
 PLAN_KERNEL = ("nvidia",)   # implementations whose steps run as one plan kernel by default
 #                             (KILNET_PLAN_KERNEL=1|0). tuning-notes.md#plan_kernel
+VECTOR_HINTS = ("intel",)   # implementations whose CPU-form kernels on vectors say so
+#                             (vec_type_hint). tuning-notes.md#vector_hints
 # ... and those that cannot run one (tuning-notes.md#no_plan_kernel).
 NO_PLAN_KERNEL = {"pocl": "PoCL had not compiled a 15-phase plan kernel after 2 minutes (it "
                           "turns a work-group into loops split at every barrier)",
@@ -40,6 +42,11 @@ class Target:
     table: str = None          # the schedule table laid over the policy (its path), or None
     # {launch name or kernel family: Schedule}: overrides laid over the policy (policy/schedule.py)
     schedules: dict = field(default=None, hash=False, repr=False)
+
+    @property
+    def vector_hints(self):
+        """Whether kernels of the CPU form that compute on vectors say so (VECTOR_HINTS)."""
+        return self.kind == "cpu" and self.implementation in VECTOR_HINTS
 
     @property
     def lanes(self):
