@@ -13,7 +13,6 @@ from ..policy.kinds import Family
 from ..policy.vectors import round_up
 from . import index
 from .base import kernel, out as written
-from .index import b, k, m, n
 
 GEMV_ROWS = 4              # up to this many rows, a GPU product along k is a reduction per column
 
@@ -30,6 +29,7 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
     of the symbols in kernels/index.py; a_pred, a condition on m and k, masks A (it reads 0 where
     false). a_kfast: A is contiguous in k (else in m); b_nfast: B is contiguous in n (else in k).
     """
+    m, n, k, b = index.symbols()
     assert dscale is None or (not accumulate and act == "none" and bias is None)
     a_idx, b_idx, c_idx = (index.check(name, e) for name, e in
                            (("a_idx", a_idx), ("b_idx", b_idx), ("c_idx", c_idx)))
@@ -68,6 +68,7 @@ def _on_vectors(ctx, step, consts, buffers, a, w, out, a_idx, b_idx, a_pred, *, 
                 splittable, epi):
     """``gemm`` on a CPU: the product on explicit vectors (templates/gemm_vec.cl.j2), its k
     split into slices where the schedule says so."""
+    m, n, k, b = index.symbols()
     s = _vec_schedule(ctx, step, consts, batch, splittable=splittable)
     if not s.split or s.split == 1:
         return _vec_kernel(ctx, step, consts, buffers, batch, s)
@@ -88,6 +89,7 @@ def _tiled(ctx, step, consts, buffers, a, w, out, a_idx, b_idx, a_pred, *, M, N,
            splittable, epi):
     """``gemm`` on a GPU: local-memory tiles (templates/gemm.cl.j2, or gemm_large.cl.j2 where
     the operands allow it), its k split into slices where the schedule says so."""
+    m, n, k, b = index.symbols()
     a_kfast, b_nfast = consts["a_kfast"], consts["b_nfast"]
     # The large-tile form steps through k by adding a constant stride to each address: each
     # operand must be affine in k. Where it is affine in m (A) or n (B) too, a lane's rows share
@@ -137,6 +139,7 @@ def _k_slices(ctx, step, consts, a, w, out, a_idx, b_idx, *, M, N, split, epi, l
     slice sees them) into its own M×N block of a partial product; a column sum adds the slices
     and applies ``epi`` (bias, activation, the stored pre-activation). ``launch(consts,
     buffers)``: the product's kernels over the slices."""
+    m, n, k, b = index.symbols()
     partial = ctx.scratch(f"{step}.partial", split * M * N)
     consts.update(**_macros(a_idx, b_idx, b * (M * N) + m * N + n))
     slices = {"a": a, "w": w, "out": partial}
@@ -186,6 +189,7 @@ def linear(ctx, step, *, rows, n_in, n_out, x, weight, out, bias=None, act="none
            accumulate=False):
     """out[r, o] (=|+=) act(bias[o] + Σ_i weight[o, i]·x[r, i]): torch.nn.Linear's layout over
     ``rows`` rows (samples, or samples × units)."""
+    m, n, k, b = index.symbols()
     return gemm(ctx, step, M=rows, N=n_out, K=n_in, a=x, w=weight, out=out, a_idx=m * n_in + k,
                 b_idx=n * n_in + k, c_idx=m * n_out + n, a_kfast=True, b_nfast=False,
                 bias=bias, act=act, z=z, accumulate=accumulate)
@@ -230,6 +234,7 @@ def linear_backward(ctx, suffix="", *, rows, n_in, n_out, dz, x, weight, dweight
     """The gradients of ``linear`` from dz = ∂L/∂(pre-activation): dx (=|+=) dz·W (when dx is
     wanted), dW = dzᵀ·x, db = Σ_r dz. Steps: backward_input<suffix>, backward<suffix>_weight,
     backward<suffix>_bias."""
+    m, n, k, b = index.symbols()
     ks = []
     if dx is not None:
         ks += gemm(ctx, f"backward_input{suffix}", M=rows, N=n_in, K=n_out, a=dz, w=weight, out=dx,

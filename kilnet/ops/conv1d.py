@@ -22,12 +22,11 @@ separate bias, as PyTorch lays them out. The gradients are exact: V1's input gra
 computed from itself, stop one step too far) and its Adam offsets are not reproduced.
 """
 import numpy as np
-import sympy as sp
 
 from ..graph import graph_of
 from ..kernels.base import Op, Param, int_attr, keeps_preactivation, kernel, need, register
 from ..kernels.gemm import column_sum, epilogue, gemm
-from ..kernels.index import b, k, m, n
+from ..kernels import index
 from ..policy import symbolic
 from .activation import scale_by_derivative
 
@@ -115,6 +114,7 @@ class Conv1d(Op):
         return keeps_preactivation(node, of_output=True)
 
     def forward(self, node, ctx):
+        m, n, k, b = index.symbols()
         U, C, Uo, F, W, S, act = self._dims(node)
         # One product over all B·Uo rows, row m being position m % Uo of sample m // Uo: shaped
         # better than B products of Uo rows (W2's window-1 convs on a 2-core EPYC: 19 % of the
@@ -127,6 +127,7 @@ class Conv1d(Op):
                     bias=ctx.p("bias"), act=act, z=ctx.preactivation() if ctx.training else None)
 
     def backward(self, node, ctx):
+        m, n, k, b = index.symbols()
         U, C, Uo, F, W, S, act = self._dims(node)
         B = ctx.batch
         ks = scale_by_derivative(ctx, *ctx.derivative_source(), B * Uo * F)   # dY becomes dZ
@@ -142,6 +143,7 @@ class Conv1d(Op):
             # CPU form below took 1.21-1.24x the time on an H200 at batch 256, 0.93-0.94x at 1024:
             # one launch is kept.)
             u = m - k // F
+            import sympy as sp
             pred = sp.And(u >= 0, u < Uo * S, sp.Eq(u % S, 0) if S > 1 else sp.true)
             ks += gemm(ctx, "backward_input", M=U, N=C, K=W * F, batch=B, a=ctx.dy,
                        w=ctx.p("weight"), out=ctx.dx(0),

@@ -57,7 +57,7 @@ import numpy as np
 from ..graph import graph_of
 from ..kernels.base import Op, Param, inout, int_attr, kernel, need, out, register
 from ..kernels.gemm import gemm, linear, linear_backward, linears
-from ..kernels.index import b, k, m, n
+from ..kernels import index
 from ..policy.dtypes import itemsize
 from ..policy.kinds import Family
 from ..policy.cpu_gemm import cpu_products
@@ -315,6 +315,7 @@ class GraphAttention(Op):
         """For products over z = (set, sample, head), ``sets`` of them: the index of element
         (unit, column) of head h's block in Q, K or V (rows of H·DK), and in O or dO (rows of
         SETS·H·DK: each set's heads)."""
+        m, n, k, b = index.symbols()
         HD, BH, SHD = H * DK, B * H, self.SETS * H * DK
         sample, head, part = (b // H if sets == 1 else (b % BH) // H), b % H, b // BH
         return (lambda unit, col: sample * (U * HD) + unit * HD + head * DK + col,
@@ -322,6 +323,7 @@ class GraphAttention(Op):
                 + head * DK + col)
 
     def forward(self, node, ctx):
+        m, n, k, b = index.symbols()
         B, U, W, H, DK, HD = self._dims(node, ctx)
         s, R, S = self._buffers(node, ctx), B * U, self.SETS
         ks = linears(ctx, "forward_qkv", [(f"forward_{p}", ctx.p(f"{p}.weight"), s[p],
@@ -351,6 +353,7 @@ class GraphAttention(Op):
     def _head_products(self, ctx, B, U, H, DK, HD, S, s, ds, do, d):
         """dQ = dS·K, dK = dSᵀ·Q and dV = Σ_set A_setᵀ·dO_set as GEMMs batched over (sample,
         head), where the staged backward does not do them itself."""
+        m, n, k, b = index.symbols()
         BH, BHUU = B * H, B * H * U * U
         cols = (b // H) * (U * HD) + (b % H) * DK + n      # unit (m or k) added below
         ks = gemm(ctx, "backward_q", M=U, N=DK, K=U, batch=BH, a=ds, w=s["k"], out=d["q"],
@@ -369,6 +372,7 @@ class GraphAttention(Op):
         return ks
 
     def backward(self, node, ctx):
+        m, n, k, b = index.symbols()
         B, U, W, H, DK, HD = self._dims(node, ctx)
         s, R, S = self._buffers(node, ctx), B * U, self.SETS
         do = ctx.scratch("do", R * S * HD)

@@ -7,15 +7,10 @@ sample's element (r mod R)·C + r div R, r = o mod R·C.
 
 ONNX: Transpose (perm 0, 2, 1).
 """
-import sympy as sp
-
 from ..graph import graph_of
 from ..kernels import index
 from ..kernels.base import Op, need, out, register
 from .add import map_stores
-
-_i = sp.Symbol("i", integer=True, nonnegative=True)
-
 
 def transpose(x, name=None):
     """(A, B) -> (B, A) per sample.
@@ -38,8 +33,10 @@ def transpose(x, name=None):
 
 def transposed(R, C):
     """The index, as C, into a batch of (R, C) samples of element i of their (C, R) transposes."""
-    r = _i % (R * C)
-    return index.c(_i // (R * C) * (R * C) + r % R * C + r // R)
+    import sympy as sp
+    i = sp.Symbol("i", integer=True, nonnegative=True)
+    r = i % (R * C)
+    return index.c(i // (R * C) * (R * C) + r % R * C + r // R)
 
 
 @register
