@@ -18,9 +18,11 @@ import warnings
 
 def main(argv, register, write):
     pi, di, name, cache = int(argv[0]), int(argv[1]), argv[2], argv[3]
+    # The jobs first: the parent's write of them returns once they are read, so it builds its own
+    # share meanwhile (read after importing pyopencl, they had held it 0.13 s).
+    jobs = json.loads(sys.stdin.read())
     register(cache)                            # before the first OpenCL call, as kilnet does
     import pyopencl as cl
-    jobs = json.loads(sys.stdin.read())
     t0 = time.perf_counter()
     found = [d for p_, p in enumerate(cl.get_platforms())
              for d_, d in enumerate(p.get_devices()) if (p_, d_) == (pi, di)]
