@@ -12,7 +12,9 @@ over 8 of W1's kernels' binaries in 1 ms (their builds took 2.3 s), so a second 
 at batch 64 no longer builds it all again (7.3 s, 2-core EPYC).
 KILNET_CACHE_DIR moves the cache (default: $XDG_CACHE_HOME/kilnet, else on Windows
 %LOCALAPPDATA%\\kilnet, else ~/.cache/kilnet: settings.default_cache_dir; the plan's settings
-say which); an unreadable entry is rebuilt from source and replaced."""
+say which); an unreadable entry is rebuilt from source and replaced. Where kernels were built
+together (TOGETHER), a kernel's entry is a ``.in`` file naming the program that holds it; one
+whose program is gone, unreadable or without it is built again alone."""
 import hashlib
 import json
 import os
