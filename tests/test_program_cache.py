@@ -144,9 +144,10 @@ def small_graph():
     return g
 
 
-def trained(monkeypatch, cache, processes):
-    """A compile as a new process would do it (no program kept in memory), trained 2 steps."""
-    devmod.context(devmod.select(None))[2].clear()
+def trained(monkeypatch, cache, processes, device=None):
+    """A compile as a new process would do it (no program kept in memory), trained 2 steps.
+    ``device``: the one the compile will choose, given so that no probe runs before it."""
+    devmod.context(device or devmod.select(None))[2].clear()
     monkeypatch.setenv("KILNET_CACHE_DIR", str(cache))
     monkeypatch.setenv("KILNET_BUILD_PROCESSES", str(processes))
     m = kn.compile(small_graph(), batch=3, optimizer=kn.Adam(), loss="cross_entropy")
@@ -360,3 +361,52 @@ def test_a_source_that_does_not_build_among_kernels_built_together_is_named(cach
         built(items, processes)
     out = built([it for it in items if it[0] != "broken"], processes)
     assert sorted(out) == ["k0", "k1", "k2", "k3"]
+
+
+# -- the probe's process kept to build (device.take_kept) --------------------------------------
+@pytest.fixture
+def unprobed(monkeypatch, tmp_path):
+    """No probe answer known: a compile probes the device in a child process it may keep (a
+    fixture that selects the device must come before this one)."""
+    devmod.context(devmod.select(None))[2].clear()
+    monkeypatch.setenv("KILNET_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(devmod, "_probes", {})
+    monkeypatch.setattr(devmod, "_pending", {})
+    monkeypatch.setattr(devmod, "_kept", {})
+    return tmp_path
+
+
+def test_the_first_build_child_is_the_process_that_probed_the_device(in_children, unprobed,
+                                                                       monkeypatch):
+    first = devmod.default_order(devmod._pairs())[0][3]        # what compile will take
+    here = devmod.implementation(first)
+    started = []
+    real_start = program._start_child
+    monkeypatch.setattr(program, "_start_child", lambda *a: started.append(a) or real_start(*a))
+    monkeypatch.setattr(devmod, "BUILD_CHILDREN", (here,))
+    kept, losses1, y1 = trained(monkeypatch, unprobed / "kept", 2, first)
+    assert kept.device.int_ptr == first.int_ptr
+    report = kept._exec.build_report
+    assert report["children"] == 1 and report["built_by_children"] >= 1 and not started, report
+    # the same model, its probe not kept: a child is started for the builds
+    monkeypatch.setattr(devmod, "BUILD_CHILDREN", ())
+    monkeypatch.setattr(devmod, "_probes", {})
+    apart, losses2, y2 = trained(monkeypatch, unprobed / "apart", 2, first)
+    assert len(started) == 1 and apart._exec.build_report["built_by_children"] >= 1
+    assert losses1 == losses2 and np.array_equal(y1, y2)
+
+
+def test_a_kept_probe_process_not_needed_ends(unprobed, monkeypatch):
+    dev = devmod.default_order(devmod._pairs())[0][3]
+    here = devmod.implementation(dev)
+    if here not in ("intel", "pocl") or devmod._is_gpu(dev):
+        pytest.skip("a CPU device probed in a child process")
+    monkeypatch.setattr(devmod, "BUILD_CHILDREN", (here,))
+    assert devmod.select(None, wait=False).int_ptr == dev.int_ptr      # its probe under way
+    assert devmod.builds(dev)
+    child = devmod._kept[devmod._ident(dev)]
+    assert child.poll() is None                       # it waits for build jobs
+    built(kernels(2), processes=1)                    # builds in this process only: not needed
+    assert not devmod._kept
+    child.wait(timeout=30)
+    assert child.returncode == 0

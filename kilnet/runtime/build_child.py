@@ -23,12 +23,19 @@ def main(argv, register, write):
     jobs = json.loads(sys.stdin.read())
     register(cache)                            # before the first OpenCL call, as kilnet does
     import pyopencl as cl
-    t0 = time.perf_counter()
     found = [d for p_, p in enumerate(cl.get_platforms())
              for d_, d in enumerate(p.get_devices()) if (p_, d_) == (pi, di)]
+    ctx = cl.Context(found[:1]) if found and found[0].name == name else None
+    run(ctx, jobs, write)
+
+
+def run(ctx, jobs, write):
+    """Build ``jobs`` on ``ctx`` (None: none) and print the JSON line that says which were
+    written; also what probe.py's kept process does with the jobs it is sent."""
+    import pyopencl as cl
+    t0 = time.perf_counter()
     built = []
-    if found and found[0].name == name:
-        ctx = cl.Context(found[:1])
+    if ctx is not None:
         for job in jobs:
             try:
                 with warnings.catch_warnings():          # drivers chat on success

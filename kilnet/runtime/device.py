@@ -4,7 +4,9 @@ build a kernel, else the best CPU implementation that can.
 "Can build" is learnt by a probe: a child process builds and runs a tiny kernel on the device
 (a child, because a broken compiler may abort the process rather than return an error; GPU
 drivers that report failures instead, IN_PROCESS, are probed in this process). The answer is
-cached on disk per platform, device and driver version, so a machine pays for it once.
+cached on disk per platform, device and driver version, so a machine pays for it once. A
+compile's probe runs in a thread while the graph is lowered (``probe_soon``); on the
+implementations of BUILD_CHILDREN its child process then stays to build programs (``take_kept``).
 
 Why probe at all: PoCL 3.0 from PyPI (LLVM 14) lists every x86-64 CPU as a device but cannot
 build a kernel on CPUs newer than its LLVM (AMD family 26, Zen 5: "unknown target CPU
@@ -71,6 +73,11 @@ IN_PROCESS = ("nvidia", "amd")
 _contexts = {}
 _probes = {}
 _pending = {}      # device ident -> _Soon: a probe under way in a thread (probe_soon)
+_kept = {}         # device ident -> the probe's process, kept to build programs (take_kept)
+# Implementations whose compiler builds one program at a time in a process: a compile builds
+# programs in child processes too (runtime/program.py), and the first is the process that probed
+# the device, kept for it (its context made and its compiler started: 0.3 s of a new child's).
+BUILD_CHILDREN = ("intel",)
 _warned = set()
 
 # At import (kilnet imports this module), so that Intel's runtime is registered even when the
@@ -152,8 +159,10 @@ def build_and_run(device, source=None, shared=False):
                       context(device)[:2] if shared else None)
 
 
-def _probe_in_child(pi, di, device):
+def _probe_in_child(pi, di, device, keep=False):
     cmd = [sys.executable, PROBE_SCRIPT, str(pi), str(di), device.name, read_settings().cache]
+    if keep:
+        return _probe_kept(cmd, device)
     try:
         r = subprocess.run(cmd, input=PROBE_SOURCE, capture_output=True, text=True, timeout=300,
                            env=os.environ.copy())
@@ -210,7 +219,65 @@ def probe_soon(device, where=None):
     beside 0.18 s of lowering)."""
     key = _ident(device)
     if key not in _pending and not known(device):
-        _pending[key] = _Soon(_probe_now, device, where)
+        _pending[key] = _Soon(_probe_now, device, where, implementation(device) in BUILD_CHILDREN)
+
+
+def _probe_kept(cmd, device):
+    """The probe in a child process that, where the device builds, stays to build programs
+    (probe.py ``keep``; ``take_kept``); within 300 s, as a plain probe."""
+    try:
+        child = subprocess.Popen(cmd + ["keep"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    except OSError as e:
+        return NOT_ANSWERED + f" ({e})"
+    timer = threading.Timer(300, child.kill)
+    timer.start()
+    answer = None
+    try:
+        child.stdin.write(json.dumps(PROBE_SOURCE) + "\n")
+        child.stdin.flush()
+        for line in iter(child.stdout.readline, ""):
+            if line.startswith("{"):
+                answer = json.loads(line)
+                break
+    except (OSError, ValueError):
+        answer = None
+    finally:
+        timer.cancel()
+    if isinstance(answer, dict) and "error" in answer:
+        if answer["error"] is None:
+            _kept[_ident(device)] = child
+        else:
+            release(child)
+        return answer["error"]
+    release(child)
+    tail = first_error_line(child.stderr.read() if child.stderr else "")
+    return f"the probe process died: {tail or f'exit status {child.returncode}'}"
+
+
+def take_kept(device):
+    """The process that probed ``device`` and stays to build programs (probe.py ``keep``): its
+    standard input takes one JSON line of build jobs (build_child.py's), its output ends with
+    build_child's line; None where there is none or it has ended."""
+    child = _kept.pop(_ident(device), None)
+    if child is not None and child.poll() is not None:
+        return None
+    return child
+
+
+def release(child, wait=True):
+    """Let a kept probe process end (its input closed) and, with ``wait``, reap it."""
+    try:
+        child.stdin.close()
+    except OSError:
+        pass
+    if not wait:
+        return
+    try:
+        child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def probe(device, where=None):
@@ -225,7 +292,7 @@ def probe(device, where=None):
     return _probe_now(device, where)
 
 
-def _probe_now(device, where):
+def _probe_now(device, where, keep=False):
     key = _ident(device)
     if key in _probes:
         return _probes[key]
@@ -240,7 +307,7 @@ def _probe_now(device, where):
     elif where is None or not sys.executable:
         error = build_and_run(device)
     else:
-        error = _probe_in_child(where[0], where[1], device)
+        error = _probe_in_child(where[0], where[1], device, keep)
     _probes[key] = error
     if not (error or "").startswith(NOT_ANSWERED):     # a probe that did not run may next time
         _save_probe(key, {"error": error, "implementation": implementation(device)})

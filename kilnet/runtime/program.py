@@ -26,7 +26,7 @@ import warnings
 from ..errors import CompileError
 from . import cachefile
 from .program_text import one_program
-from .device import implementation
+from .device import BUILD_CHILDREN, implementation, release, take_kept
 from .progress import BuildProgress
 
 # Implementations whose program binary costs a compile of its own when asked for (PoCL's native
@@ -34,11 +34,12 @@ from .progress import BuildProgress
 DEFERRED = ("pocl",)
 
 # Implementations whose compiler builds one program at a time in a process, and which hand a
-# built program's binary over at once: build_all builds there in child processes too. Intel's
+# built program's binary over at once: build_all builds there in child processes too, the first
+# of them the process that probed the device where it was kept (device.take_kept). Intel's
 # CPU runtime, W1 at batch 64 (28 programs, 2-core EPYC): one after the other 6.46 s, from 8
 # threads 6.64 s (benchmarks/compile_parts.py); the sources split between 2 processes 4.9 s
 # against 7.1 s in one (wall time, each process starting pyopencl and a context).
-IN_CHILDREN = ("intel",)
+IN_CHILDREN = BUILD_CHILDREN
 CHILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_child.py")
 
 # Implementations whose compiler pays a fixed cost a program (Intel's CPU runtime: 22 ms for a
@@ -216,11 +217,16 @@ def _build_all(device_ctx, items, missing, cache_dir, dump, where, processes, re
     for it in sorted(missing, key=lambda it: -len(it[1])):     # the largest first, each to the
         min(shares, key=lambda sh: sum(len(x[1]) for x in sh)).append(it)       # lightest share
     children = []
+    kept = take_kept(device)
     for share in shares[1:]:
         parts = _parts(share, together)
         jobs = [{"path": _stem(device, part, cache_dir) + ".bin", "source": _text(part),
                  "options": list(part[0][2])} for part in parts]
-        children.append((_start_child(where, device, cache_dir, jobs), parts, jobs))
+        child, kept = (_hand(kept, jobs), None) if kept else (
+            _start_child(where, device, cache_dir, jobs), None)
+        children.append((child, parts, jobs))
+    if kept is not None:
+        release(kept, wait=False)            # not needed: it ends as its input does
     out, counted = {}, set()
     for part in _parts(shares[0], together):
         out.update(_build_part(device_ctx, part, cache_dir, dump))
@@ -297,6 +303,17 @@ def _build_part(device_ctx, part, cache_dir, dump):
     for _n, s_, o_ in part:
         device_ctx[2][_cache_key(s_, list(o_))] = program
     return {n: program for n, _s, _o in part}
+
+
+def _hand(child, jobs):
+    """``jobs`` to the kept probe process ``child`` (one line; its input then closed)."""
+    try:
+        child.stdin.write(json.dumps(jobs) + "\n")
+        child.stdin.close()
+    except OSError:
+        pass
+    child.stdin = None         # given whole: communicate() must not flush it
+    return child
 
 
 def _start_child(where, device, cache_dir, jobs):
