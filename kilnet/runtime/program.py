@@ -220,8 +220,9 @@ def _build_all(device_ctx, items, missing, cache_dir, dump, where, processes, re
     kept = take_kept(device)
     for share in shares[1:]:
         parts = _parts(share, together)
-        jobs = [{"path": _stem(device, part, cache_dir) + ".bin", "source": _text(part),
-                 "options": list(part[0][2])} for part in parts]
+        texts = [_text(part) for part in parts]
+        jobs = [{"path": cache_stem(device, text, part[0][2], cache_dir) + ".bin", "source": text,
+                 "options": list(part[0][2])} for part, text in zip(parts, texts)]
         child, kept = (_hand(kept, jobs), None) if kept else (
             _start_child(where, device, cache_dir, jobs), None)
         children.append((child, parts, jobs))
@@ -237,7 +238,7 @@ def _build_all(device_ctx, items, missing, cache_dir, dump, where, processes, re
         files = set(_finish_child(child))
         for part, job in zip(parts, jobs):
             if job["path"] in files:
-                _point(device, part, cache_dir)
+                _point(device, part, job["path"], cache_dir)
                 built += len(part)
                 counted |= {name for name, _s, _o in part}
                 progress.built(len(part))
@@ -273,14 +274,11 @@ def _text(part):
     return one_program({name: src for name, src, _o in part}, [name for name, _s, _o in part], "")
 
 
-def _stem(device, part, cache_dir):
-    return cache_stem(device, _text(part), part[0][2], cache_dir)
-
-
-def _point(device, part, cache_dir):
-    """Each kernel of ``part``, built together, finds that program from its own cache entry."""
+def _point(device, part, path, cache_dir):
+    """Each kernel of ``part``, built together into the program cached at ``path``, finds that
+    program from its own cache entry."""
     if len(part) > 1:
-        name = os.path.basename(_stem(device, part, cache_dir))
+        name = os.path.basename(path)[:-len(".bin")]
         for _n, src, opts in part:
             cachefile.write(cache_stem(device, src, opts, cache_dir) + ".in", name.encode())
 
@@ -293,13 +291,15 @@ def _build_part(device_ctx, part, cache_dir, dump):
         return {name: build(device_ctx, name, src, opts, cache_dir=cache_dir, dump=dump)}
     label = f"{len(part)} kernels built together ({name}, ...)"
     try:
-        program = build(device_ctx, label, _text(part), opts, cache_dir=cache_dir)
+        text = _text(part)
+        program = build(device_ctx, label, text, opts, cache_dir=cache_dir)
     except CompileError:
         return {}
     names = set(program.kernel_names.split(";"))
     if not all(n in names for n, _s, _o in part):
         return {}
-    _point(device_ctx[0].devices[0], part, cache_dir)
+    device = device_ctx[0].devices[0]
+    _point(device, part, cache_stem(device, text, opts, cache_dir) + ".bin", cache_dir)
     for _n, s_, o_ in part:
         device_ctx[2][_cache_key(s_, list(o_))] = program
     return {n: program for n, _s, _o in part}
