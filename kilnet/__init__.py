@@ -1,4 +1,5 @@
 """kilnet: neural networks as dataflow graphs, compiled into plans of specialised OpenCL kernels."""
+import builtins as _builtins
 from .errors import (BundleError, CheckpointError, CompileError, DeadBranchWarning, DeviceError,
                      FeedError,
                      GraphError, KilnetError, MemoryCheckError, NonFiniteLoss, RankTimeout,
@@ -26,4 +27,5 @@ def __getattr__(name):
 __all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "ACTIVATIONS",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError",
            "CheckpointError", "BundleError", "DeviceError", "MemoryCheckError", "fit", "History",
-           "NonFiniteLoss", "RankTimeout", "DeadBranchWarning", "DeviceData"] + BUILDERS
+           "NonFiniteLoss", "RankTimeout", "DeadBranchWarning", "DeviceData"] + [
+    b for b in BUILDERS if not hasattr(_builtins, b)]   # kn.sum, kn.max, ...: never by import *

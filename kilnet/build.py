@@ -119,8 +119,9 @@ def _plan(graph, batch, optimizer, loss, dtype, *, device, settings, input_grads
     KILNET_* variables as compile read them (kilnet/settings.py), recorded in the plan."""
     if not isinstance(graph, Graph):
         raise GraphError(f"compile: expected a kn.Graph, got {type(graph).__name__}")
-    if not graph.outputs:
-        raise GraphError(f"graph {graph.name!r} has no outputs; mark one with g.output(name, value)")
+    if not graph.outputs and not graph.losses:
+        raise GraphError(f"graph {graph.name!r} has no outputs and no losses; mark one with "
+                         f"g.output(name, value), or add a loss with g.loss(value)")
     batch = whole_number(batch, "batch", error=CompileError)
     if dtype not in DTYPES:
         raise CompileError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -128,9 +129,19 @@ def _plan(graph, batch, optimizer, loss, dtype, *, device, settings, input_grads
         raise CompileError(f"optimizer must be an instance such as kn.SGD(lr, momentum) or "
                            f"kn.Adam(lr), got {optimizer!r}")
     seed = whole_number(seed, "seed", least=0, error=CompileError)
+    if graph.losses and loss is not None:
+        raise GraphError(f"graph {graph.name!r} has losses of its own (g.loss), so it is compiled "
+                         f"with loss=None; got loss={loss!r} as well")
+    routed = [x for x in graph.losses if x.params is not None]
+    if routed:
+        raise CompileError(f"graph {graph.name!r}: the loss on {routed[0].node.name!r} names "
+                           f"params={routed[0].params!r}; a loss that trains only some blocks is "
+                           f"not implemented yet (every loss trains every trainable parameter); "
+                           f"pass params=None")
     loss = check_loss_spec(graph, loss)
-    if optimizer is not None and not loss:
-        raise CompileError("an optimizer needs a loss: pass loss={output: kind}")
+    if optimizer is not None and not loss and not graph.losses:
+        raise CompileError("an optimizer needs a loss: pass loss={output: kind}, or add one to "
+                           "the graph with g.loss(value)")
     check_settings(settings)
     def lowered(dev):
         return lower(graph, batch, optimizer, loss, dtype, input_grads=bool(input_grads),
@@ -194,6 +205,8 @@ def load(path, device=None, batch=None, comm=None, overlap=False, inference=Fals
         if not hasattr(device, "int_ptr"):     # a bad device choice is not the file's fault
             device = select_device(device)
         graph, c, optimizer, step, dtype, wanted, arrays = parse(path)
+    if inference:          # forward alone: the losses written in the graph are not computed
+        graph.losses.clear()
     try:
         trains = {} if inference else dict(optimizer=optimizer, loss=c["loss"] or None,
                                             input_grads=c.get("input_grads", False))

@@ -22,7 +22,7 @@ from .errors import CheckpointError, KilnetError, whole_number
 from .files import replace
 from .graph import from_dict, to_dict
 from .kernels.optimizers import from_config
-from .ops import get_op
+from .ops import declared
 from .policy import names
 from .runtime.mpi_comm import bcast_obj, limit_of
 
@@ -176,16 +176,11 @@ def _expected_arrays(graph, optimizer):
     """{array key: (plan buffer, size)} for every parameter, state and moment of ``graph``, from the
     ops' own declarations (no compile, no device)."""
     wanted = {}
-    for node in graph.nodes:
-        op = get_op(node.op)
-        for p in op.params(node):
-            name, size = f"{node.name}.{p.name}", math.prod(p.shape)
-            wanted[f"p/{name}"] = (name, size)
-            for i in range(1, (optimizer.moments if optimizer is not None else 0) + 1):
-                wanted[f"m{i}/{name}"] = (names.moment(name, i), size)
-        for st in op.state(node):
-            name = f"{node.name}.{st.name}"
-            wanted[f"p/{name}"] = (name, math.prod(st.shape))
+    for name, p, is_state in declared(graph):
+        size = math.prod(p.shape)
+        wanted[f"p/{name}"] = (name, size)
+        for i in range(1, (optimizer.moments if optimizer is not None and not is_state else 0) + 1):
+            wanted[f"m{i}/{name}"] = (names.moment(name, i), size)
     return wanted
 
 

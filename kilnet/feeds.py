@@ -36,8 +36,9 @@ def batch_array(what, value, shape, batch, np_dtype, partial=False):
     return n, arr
 
 
-def check_feeds(graph, feeds, batch, np_dtype, partial=False):
-    """(samples, {input name: array}) for every input of ``graph``."""
+def check_feeds(graph, feeds, batch, np_dtype, partial=False, needed=None):
+    """(samples, {input name: array}) for every input of ``graph`` (of those in ``needed``,
+    and of any other that is fed, where ``needed`` is given)."""
     if not isinstance(feeds, dict):
         raise FeedError(f"feeds must be a dict {{input name: array}}, got {type(feeds).__name__}")
     inputs = graph.inputs
@@ -47,6 +48,8 @@ def check_feeds(graph, feeds, batch, np_dtype, partial=False):
                             f"{sorted(inputs)}")
     arrays, counts, bounds = {}, set(), index_bounds(graph)
     for name, node in inputs.items():
+        if name not in feeds and needed is not None and name not in needed:
+            continue
         if name not in feeds:
             raise FeedError(f"input {name!r} is missing from the feeds (shape {node.shape})")
         n, arrays[name] = batch_array(f"input {name!r}", feeds[name], node.shape, batch, np_dtype,
@@ -55,7 +58,7 @@ def check_feeds(graph, feeds, batch, np_dtype, partial=False):
         counts.add(n)
     if len(counts) > 1:
         raise FeedError(f"feeds disagree on the number of samples: {sorted(counts)}")
-    return counts.pop(), arrays
+    return (counts.pop() if counts else batch), arrays
 
 
 def index_bounds(graph):

@@ -11,7 +11,7 @@ from . import report as html_report
 from .errors import CompileError, FeedError, GraphError, NonFiniteLoss, whole_number
 from .feeds import as_array, check_feeds, check_targets
 from .inspect import summary as summary_of
-from .ops import get_op
+from .ops import declared
 from .profile import WHOLE_STEP, Profile, check_trace_path
 from .policy import names
 from .running import runner
@@ -82,8 +82,11 @@ class Model:
             return {name: self._exec.read(buf).reshape((self.batch,) + self.graph.outputs[name].shape)[:n]
                     for name, buf in self.plan.outputs.items()}
 
-    def train_step(self, feeds, targets, skip_non_finite=False):
-        """One training step (forward, loss, backward, state update, optimizer); returns the loss.
+    def train_step(self, feeds, targets=None, skip_non_finite=False):
+        """One training step (forward, loss, backward, state update, optimizer); returns the loss:
+        the objective, the sum of every loss (``targets`` for the losses named at compile,
+        ``{output: array}``; a graph whose losses are its own, ``g.loss``, takes its targets as
+        inputs among the ``feeds`` and no ``targets``).
 
         When the loss is NaN or infinite, the step changes nothing: the device skips every update
         (parameters, moments, statistics; names.STEP_OK) and ``step`` stays as it was. Then
@@ -120,7 +123,7 @@ class Model:
             f"model.first_non_finite(feeds, targets) names the first node that went non-finite; "
             f"a lower learning rate often helps", step=self.step + 1, loss=loss)
 
-    def gradients(self, feeds, targets):
+    def gradients(self, feeds, targets=None):
         """Gradients of the loss without any update: {param name: grad} plus {input name: grad}
         when compiled with ``input_grads=True``; the loss is in ``.loss`` of the result."""
         self._require_loss("gradients")
@@ -150,7 +153,7 @@ class Model:
         self._require_loss("evaluate")
         if isinstance(feeds, device_data.DeviceData) and targets is None:
             return device_data.evaluate(self, feeds)
-        if targets is None:
+        if targets is None and self.plan.targets:
             raise FeedError("evaluate: targets are missing (evaluate(feeds, targets), or "
                             "evaluate(data) with data from model.upload)")
         _, arrays = self._feeds(feeds)
@@ -246,7 +249,7 @@ class Model:
             out.save_trace(trace)
         return out
 
-    def first_non_finite(self, feeds, targets):
+    def first_non_finite(self, feeds, targets=None):
         """Re-run the training-mode forward and loss launches on one batch, one launch at a time,
         and find the first node whose output holds a NaN or an infinity. Changes nothing but
         activations. Returns None when every output is finite, else a dict: node, op, launch,
@@ -346,6 +349,8 @@ class Model:
         assert self._train[:len(self._eval)] == self._eval     # skip_non_finite relies on it
         # So does data-parallel train_step (whose plans have no "gradient" launches).
         assert plan.launches_in("gradient") or self._train[:len(self._grad)] == self._grad
+        self._forward_inputs = {n.name for n in _upstream(self.graph.outputs.values())
+                                if n.op == "input"}
         steps = {"forward": self._infer}
         if plan.training:
             steps.update(evaluate=self._eval, gradients=self._grad)
@@ -354,12 +359,7 @@ class Model:
         self.steps = {k: tuple(v) for k, v in steps.items()}
 
     def _param_specs(self):
-        specs = {}
-        for node in self.graph.nodes:
-            op = get_op(node.op)
-            for p in list(op.params(node)) + list(op.state(node)):
-                specs[f"{node.name}.{p.name}"] = p
-        return specs
+        return {name: p for name, p, _ in declared(self.graph)}
 
     def _require_loss(self, what):
         if not self.plan.training:
@@ -378,10 +378,29 @@ class Model:
                 self._write_step()
 
     def _feeds(self, feeds, partial=False):
-        return check_feeds(self.graph, feeds, self.batch, self._exec.np_dtype, partial)
+        """Checked feeds: of every input for a training call; ``partial`` (forward): of the
+        inputs some output depends on (a target that only a loss reads is not needed)."""
+        return check_feeds(self.graph, feeds, self.batch, self._exec.np_dtype, partial,
+                           needed=self._forward_inputs if partial else None)
 
     def _targets(self, targets):
+        if targets is None:
+            if self.plan.targets:
+                raise FeedError(f"targets for output(s) {', '.join(sorted(self.plan.targets))} "
+                                f"are missing: pass targets={{output: array}}")
+            targets = {}
         return check_targets(self.graph, self.plan.targets, targets, self.batch, self._exec.np_dtype)
+
+
+def _upstream(nodes):
+    """Every node that ``nodes`` depend on, themselves included."""
+    seen, todo = {}, list(nodes)
+    while todo:
+        node = todo.pop()
+        if node.name not in seen:
+            seen[node.name] = node
+            todo.extend(node.inputs)
+    return list(seen.values())
 
 
 class Gradients(dict):

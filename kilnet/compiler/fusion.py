@@ -69,10 +69,11 @@ def folded(node):
     return node.meta.get("folded_into") is not None
 
 
-def grad_writers(graph, loss, wants, dead=()):
+def grad_writers(graph, loss, wants, dead=(), objectives=()):
     """How many launches write each gradient storage (by root name): one per (consumer, input)
-    of a non-view node where the input wants a gradient, one per loss on an output. Consumers in
-    ``dead`` (no output depends on them: their backward never runs) write none."""
+    of a non-view node where the input wants a gradient, one per loss on an output and one per
+    loss written in the graph (``objectives``: Graph.loss records) on a value that wants one.
+    Consumers in ``dead`` (no output depends on them: their backward never runs) write none."""
     writers = {}
     for node in graph.nodes:
         if node.op != "input" and not get_op(node.op).is_view and node.name not in dead and \
@@ -84,6 +85,10 @@ def grad_writers(graph, loss, wants, dead=()):
         node = graph.outputs[out_name]
         r = root(node.inputs[0] if kind in get_op(node.op).fused_losses else node).name
         writers[r] = writers.get(r, 0) + 1
+    for objective in objectives:
+        if wants[objective.node.name]:
+            r = root(objective.node).name
+            writers[r] = writers.get(r, 0) + 1
     return writers
 
 

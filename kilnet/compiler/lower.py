@@ -13,9 +13,8 @@ import dataclasses
 from math import prod
 
 from ..errors import CompileError, DeadBranchWarning, warn_caller
-from ..kernels.base import GUARD_ARG, Collective, Use, inout, kernel, out, spanning
+from ..kernels.base import GUARD_ARG, Collective, Use, full_name, inout, spanning
 from ..kernels.losses import check_spec as check_loss_spec  # noqa: F401  (lower.check_loss_spec)
-from ..kernels.losses import elementwise_loss, finite_check, parts
 from ..ops import get_op
 from ..policy import memory, names
 from ..policy.dtypes import CTYPE
@@ -24,7 +23,7 @@ from ..policy.plan import Arg, HostStep, Launch, Plan, ScalarArg
 from ..policy.schedule import OUTER_UPDATE_ROWS, UPDATE_SUM_ROWS
 from ..policy.target import GPU
 from ..runtime import abi
-from . import plan_kernel, render, resident, summed_updates
+from . import objective, plan_kernel, render, resident, summed_updates
 from .context import Context
 from .fusion import fold_sums, folded, fuse_activation_derivatives, grad_writers, root
 from .render import Renderer
@@ -37,6 +36,10 @@ class Lowering:
         self.ranks, self.seed, self.rank = ranks, seed, rank
         self.collectives = []
         self.loss, self.optimizer = loss, optimizer
+        # the losses written in the graph (Graph.loss); a plan trains if it has any, or a named
+        # loss on an output
+        self.objectives = list(graph.losses)
+        self.trains = bool(loss) or bool(self.objectives)
         self.input_grads, self.debug_buffers = input_grads, debug_buffers
         self.buffers = {}
         self.launches = []
@@ -62,34 +65,43 @@ class Lowering:
         return name
 
     def value_buffer(self, node):
+        """The buffer of ``node``'s value: the batch's (one row per sample), or one row where
+        the value has no batch axis; a parameter's or constant's own buffer (Op.stored)."""
         r = root(node)
+        if get_op(r.op).stored:
+            return full_name(r, "")
         role = Role.INPUT if r.op == "input" else Role.ACTIVATION
-        return self.buffer(r.name, role, self.batch * r.size, (self.batch,) + r.shape)
+        rows = self.batch if r.batched else 1
+        return self.buffer(r.name, role, rows * r.size, ((rows,) if r.batched else ()) + r.shape)
 
     def grad_buffer(self, node):
         r = root(node)
-        return self.buffer(names.grad(r.name), Role.ACT_GRAD, self.batch * r.size, (self.batch,) + r.shape)
+        if get_op(r.op).stored:       # a trainable parameter's gradient (declare_params)
+            return names.grad(full_name(r, ""))
+        rows = self.batch if r.batched else 1
+        return self.buffer(names.grad(r.name), Role.ACT_GRAD, rows * r.size,
+                           ((rows,) if r.batched else ()) + r.shape)
 
     def param_buffer(self, node, name):
         if name not in self._node_params.get(node.name, {}):
             raise AssertionError(f"{node.name} has no parameter {name}")
-        return f"{node.name}.{name}"
+        return full_name(node, name)
 
     def declare_params(self):
         for node in self.graph.nodes:
             op = get_op(node.op)
             self._node_params[node.name] = {}
             for p in op.params(node):
-                full = f"{node.name}.{p.name}"
+                full = full_name(node, p.name)
                 self._node_params[node.name][p.name] = p
                 self.params[full] = p
                 self.buffer(full, Role.PARAM, prod(p.shape), p.shape)
-                if self.loss:
+                if self.trains:
                     self.buffer(names.grad(full), Role.GRAD, prod(p.shape), p.shape)
                 for i in range(1, (self.optimizer.moments if self.optimizer else 0) + 1):
                     self.buffer(names.moment(full, i), Role.moment(i), prod(p.shape), p.shape)
             for s in op.state(node):
-                full = f"{node.name}.{s.name}"
+                full = full_name(node, s.name)
                 self._node_params[node.name][s.name] = s
                 self.state[full] = s
                 self.buffer(full, Role.STATE, prod(s.shape), s.shape)
@@ -135,7 +147,7 @@ class Lowering:
                 self.sums[name] = k.sums
 
     def forward(self):
-        training = bool(self.loss)
+        training = self.trains
         for node in self.graph.nodes:
             op = get_op(node.op)
             if node.op == "input":
@@ -158,16 +170,18 @@ class Lowering:
             if node.op == "input":
                 wants[node.name] = self.input_grads
             elif op.is_view:
-                wants[node.name] = wants[node.inputs[0].name]
+                wants[node.name] = wants[node.inputs[0].name] and op.passes_gradient
             else:
-                wants[node.name] = bool(op.params(node)) or any(wants[i.name] for i in node.inputs)
+                wants[node.name] = bool(op.params(node)) or (
+                    op.passes_gradient and any(wants[i.name] for i in node.inputs))
         return wants
 
     def backward(self):
         wants = self.wants_grad()
         written = set()          # gradient storages (by root name) that hold a contribution
         fuse_activation_derivatives(self.graph, grad_writers(self.graph, self.loss, wants,
-                                                             self.dead), wants, self.dead)
+                                                             self.dead, self.objectives),
+                                    wants, self.dead)
 
         def contribute(ctx, i, inp):
             if wants[inp.name]:
@@ -175,29 +189,8 @@ class Lowering:
                 ctx.receive_gradient(i, self.grad_buffer(inp), r in written)
                 written.add(r)
 
-        for out_name, kind in self.loss.items():
-            node = self.graph.outputs[out_name]
-            target = self.buffer(names.target(out_name), Role.TARGET, self.batch * node.size,
-                                 (self.batch,) + node.shape)
-            op = get_op(node.op)
-            if kind in op.fused_losses:       # computed by the op from its input (softmax)
-                ctx = Context(self, node, True)
-                contribute(ctx, 0, node.inputs[0])
-                loss = self.buffer(names.loss_part(out_name), Role.LOSS,
-                                   self.batch * op.loss_parts(node, kind))
-                self.emit(f"loss.{out_name}", Phase.LOSS, [op.loss(node, ctx, kind, target, loss)])
-            else:
-                ctx = Context(self, node, True)
-                contribute(ctx, 0, node)
-                loss = self.buffer(names.loss_part(out_name), Role.LOSS,
-                                   self.batch * parts(node.size))
-                self.emit(f"loss.{out_name}", Phase.LOSS, [elementwise_loss(
-                    kind, self.target, batch=self.batch, size=node.size, out=self.value_buffer(node),
-                    target=target, loss=loss, dout=ctx.dx(0), accumulate=ctx.acc(0),
-                    ctype=self.ctype)])
-            self.loss_parts.append(loss)
-            self.targets[out_name] = target
-        self.check_feeds()
+        objective.losses(self, contribute)
+        objective.check_feeds(self)
 
         for node in reversed(self.graph.nodes):
             op = get_op(node.op)
@@ -212,7 +205,7 @@ class Lowering:
             self.emit(node.name, Phase.BACKWARD, op.backward(node, ctx))
             self.check_outer(self.launches[start:])
         if self.optimizer is not None:
-            self.step_ok()
+            objective.step_ok(self)
         for node in self.graph.nodes:
             if not get_op(node.op).is_view and node.name not in self.dead:
                 self.emit(node.name, Phase.UPDATE_STATE,
@@ -224,39 +217,6 @@ class Lowering:
             self.summed = summed_updates.fold(self.launches, self.sums,
                                               {names.grad(p): p for p in self.params},
                                               self.buffers, UPDATE_SUM_ROWS)
-
-    def check_feeds(self):
-        """A loss part per feed that is NaN where the feed holds a NaN or an infinity
-        (losses.finite_check): the loss of a step on such a batch is then never finite, so the
-        step changes nothing (names.STEP_OK, or the host's sum across ranks) and train_step names
-        the feed, whatever the graph does to the value. A feed no output depends on is left out:
-        it changes nothing either way."""
-        for name, node in self.graph.inputs.items():
-            if name in self.dead:
-                continue
-            part = self.buffer(names.finite_part(name), Role.LOSS, self.batch * parts(node.size))
-            self.emit(f"finite.{name}", Phase.LOSS, [finite_check(
-                self.target, batch=self.batch, size=node.size, data=self.value_buffer(node),
-                part=part, ctype=self.ctype)])
-            self.loss_parts.append(part)
-
-    def step_ok(self):
-        """The launch that sets names.STEP_OK from the loss parts, ahead of every launch that
-        changes the model's state (GUARDED phases), which then read it. Data-parallel plans leave
-        it to the host, which knows every rank's loss (model.train_step)."""
-        self.buffer(names.SCALARS, Role.SCALAR, len(abi.STEP_SCALARS))   # first in its arena, as without a guard
-        self.buffer(names.STEP_OK, Role.SCALAR, 1)
-        self.guarded = True
-        if self.ranks > 1:
-            return
-        self.buffer(names.STEP_HALT, Role.SCALAR, 1)
-        parts = {f"loss{i}": name for i, name in enumerate(self.loss_parts)}
-        sizes = [self.buffers[p].size for p in self.loss_parts]
-        L = self.target.schedule(Family.GROUP, "step_ok.check", self.ctype,
-                                 items=sum(sizes)).local[0]
-        self.emit("step_ok", Phase.UPDATE_STATE, [kernel(
-            "check", "step_ok", dict(sizes=sizes, L=L),
-            dict(parts, halt=names.STEP_HALT, **{GUARD_ARG: out(names.STEP_OK)}), (L,), (L,))])
 
     def check_outer(self, launches):
         """Every one of a node's backward ``launches`` that writes a gradient the optimizer forms
@@ -356,7 +316,7 @@ class Lowering:
             for user in node.users:
                 last = max(last, steps[user.name])
             live[r] = (min(first, steps[node.name]), last)
-        for node in self.graph.outputs.values():
+        for node in list(self.graph.outputs.values()) + [x.node for x in self.objectives]:
             r = root(node).name
             if r in live:
                 live[r] = (live[r][0], end)
@@ -427,9 +387,9 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
     fold_sums(graph, {n.name for n in dead})
     lo.declare_params()
     lo.forward()
-    if loss:
+    if lo.trains:
         lo.backward()
-    live = None if loss else lo.liveness()
+    live = None if lo.trains else lo.liveness()
     if lo.outer or lo.summed:
         lo.order_params()
     lo.arenas = memory.place(lo.buffers, live)
@@ -462,9 +422,9 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                 lo.launches, lo.renderer, lo.renderer.header, target)
             why = None
     res, res_why = None, "the plan has no loss"
-    if loss and ranks > 1:
+    if lo.trains and ranks > 1:
         res_why = "data-parallel plans feed each rank's shard from the host"
-    elif loss:
+    elif lo.trains:
         width = sum(lo.buffers[p].size for p in lo.loss_parts)
         lanes = target.schedule(Family.GROUP, "resident.record", ctype, items=width).local[0]
         res, res_why = resident.build(lo.buffers, {n: lo.value_buffer(v) for n, v in
@@ -477,10 +437,10 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                 feeds={n: lo.value_buffer(v) for n, v in graph.inputs.items()},
                 outputs={n: lo.value_buffer(v) for n, v in graph.outputs.items()},
                 targets=lo.targets, losses=lo.loss_parts,
-                grads={p: names.grad(p) for p in lo.params} if loss else {},
+                grads={p: names.grad(p) for p in lo.params} if lo.trains else {},
                 input_grad_buffers=lo.input_grad_buffers,
                 params={p: p for p in lo.params}, state={s: s for s in lo.state},
                 poisonable=poisonable, target=target, ranks=ranks,
                 host_steps=lo.collectives, plan_kernel=pk, plan_kernel_why=why,
-                resident=res, resident_why=res_why)
+                resident=res, resident_why=res_why, objectives=len(lo.objectives))
 

@@ -24,9 +24,10 @@ import numpy as np
 
 from ..errors import BundleError
 from ..files import replace
+from . import onnx_formula
 from .bundle import make_folder
 from ..graph import get_op
-from ..kernels.base import Op
+from ..kernels.base import Op, full_name
 from ..ops.activation import onnx_activation
 
 OPSET = 17
@@ -81,7 +82,7 @@ class Emitter:
         plan shape."""
         if self._params is None:
             self._params = dict(self.model.params.items())
-        full = f"{node.name}.{pname}"
+        full = full_name(node, pname)
         if full in self.taken:
             return full
         self.taken.add(full)
@@ -123,12 +124,60 @@ class Emitter:
         it has in float32 only, so a float64 model would not load (``build`` checks)."""
         return self.op("Gemm", [rows, weight] + ([bias] if bias is not None else []), hint, transB=1)
 
+    def formula(self, expr, tensors):
+        """The tensor of an expr's SymPy formula (deploy/onnx_formula.py), its symbols mapped
+        to ``tensors``."""
+        return onnx_formula.emit(self, expr, tensors)
+
     def act(self, x, kind, hint="act"):
         """``kind`` (an activation name, or None/"none") applied to ``x`` elementwise."""
         return onnx_activation(self, x, kind, hint)
 
     def scalar(self, value, hint="k"):
         return self.const(np.asarray(value, self.dtype), hint)
+
+    # -- values without a batch axis, and per-sample ranks ----------------------------------
+    def batch_size(self):
+        """A 1-d int64 tensor holding N, the batch, read off the first input's shape."""
+        if getattr(self, "_batch_size", None) is None:
+            first = self.first_input
+            shape = self.op("Shape", [first], "batch_shape")
+            self._batch_size = self.op("Slice", [shape, self.ints([0], "zero"),
+                                                 self.ints([1], "one")], "batch_size")
+        return self._batch_size
+
+    def batch_expand(self, x, shape, hint="expanded"):
+        """``x``, a tensor without a batch axis of per-sample ``shape``, as (N, *shape)."""
+        dims = self.op("Concat", [self.batch_size(), self.ints(list(shape), "dims")], "dims",
+                       axis=0)
+        return self.op("Expand", [x, dims], hint)
+
+    def aligned(self, x, node, rank, hint="aligned"):
+        """``node``'s tensor ``x`` with the per-sample axes of ``rank`` (size-1 axes added in
+        front of the sample's, behind the batch), so that ONNX's broadcasting, which aligns
+        trailing axes, is the per-sample one."""
+        missing = rank - len(node.shape)
+        if missing <= 0:
+            return x
+        start = 1 if node.batched else 0
+        return self.op("Unsqueeze", [x, self.ints(list(range(start, start + missing)), "axes")],
+                       hint)
+
+    def take_per_sample(self, x, ids, xshape, ishape, axis, hint="taken"):
+        """out[b, pre, u, post] = x[b, pre, ids[b, u], post]: GatherND over the batch (its
+        batch_dims), x's ``axis`` moved next to the batch and back."""
+        rank = len(xshape) + 1
+        if axis:
+            perm = [0, axis + 1] + [a for a in range(1, rank) if a != axis + 1]
+            x = self.op("Transpose", [x], "axis_first", perm=perm)
+        idx = self.op("Unsqueeze", [ids, self.ints([-1], "last")], "ids_nd")
+        y = self.op("GatherND", [x, idx], hint, batch_dims=1)
+        if axis:        # (N, U..., pre..., post...) -> (N, pre..., U..., post...)
+            u, pre = len(ishape), axis
+            order = list(range(1 + u, 1 + u + pre))
+            perm = [0] + order + list(range(1, 1 + u)) + list(range(1 + u + pre, rank - 1 + u))
+            y = self.op("Transpose", [y], hint, perm=perm)
+        return y
 
 
 def build(model):
@@ -141,7 +190,16 @@ def build(model):
                           f"have the name of an input; ONNX names every tensor once, so rename the "
                           f"output (g.output(name, ...)) or the input")
     e = Emitter(model, onnx)
-    dead = {n.name for n in graph.dead()}
+    # what forward computes: the nodes the outputs depend on (a loss's own nodes and the
+    # inputs only they read, its targets, are not part of it)
+    live, todo = set(), list(graph.outputs.values())
+    while todo:
+        n = todo.pop()
+        if n.name not in live:
+            live.add(n.name)
+            todo.extend(n.inputs)
+    dead = {n.name for n in graph.nodes if n.name not in live}
+    e.first_input = next((n for n in graph.inputs if n in live), None)
     missing = [n for n in graph.nodes if n.op != "input" and n.name not in dead
                and type(get_op(n.op)).onnx is Op.onnx]
     if missing:
@@ -162,7 +220,7 @@ def build(model):
         e.nodes.append(onnx.helper.make_node("Identity", [e.values[node.name]], [name]))
         outputs.append(onnx.helper.make_tensor_value_info(name, e.elem, [BATCH, *node.shape]))
     inputs = [onnx.helper.make_tensor_value_info(name, e.elem, [BATCH, *node.shape])
-              for name, node in graph.inputs.items()]
+              for name, node in graph.inputs.items() if name in live]
     g = onnx.helper.make_graph(e.nodes, graph.name, inputs, outputs, e.inits)
     proto = onnx.helper.make_model(g, producer_name="kilnet", ir_version=IR_VERSION,
                                    opset_imports=[onnx.helper.make_opsetid("", OPSET)])

@@ -54,25 +54,48 @@ def _with_notes(builder):
 
 @dataclass
 class Param:
-    """A learned parameter or a piece of layer state, laid out as PyTorch lays it out."""
+    """A learned parameter or a piece of layer state, laid out as PyTorch lays it out. Its
+    name in the plan is ``<node>.<name>``, or the node's own name where ``name`` is "" (the
+    value of a ``g.parameter`` or ``g.constant`` node: ``full_name``)."""
     name: str
     shape: tuple
     init: object = "zeros"     # "uniform" (±1/√fan_in, PyTorch's default), "normal" (0, 1:
     #                            nn.Embedding's), "zeros", "ones"; or an array of ``shape``:
     #                            the starting values themselves
     fan_in: int = 1
+    scale: float = None        # "uniform" U(-s, s) and "normal" N(0, s²) with s = scale, where
+    #                            given (g.parameter), instead of the defaults above
 
     def initial(self, rng, dtype):
         if not isinstance(self.init, str):
             return np.asarray(self.init, np.float64).reshape(self.shape).astype(dtype)
         if self.init == "uniform":
-            bound = 1.0 / math.sqrt(self.fan_in)
+            bound = 1.0 / math.sqrt(self.fan_in) if self.scale is None else self.scale
             return rng.uniform(-bound, bound, size=self.shape).astype(dtype)
         if self.init == "normal":
+            if self.scale is not None:
+                return (rng.standard_normal(self.shape) * self.scale).astype(dtype)
             return rng.standard_normal(self.shape).astype(dtype)
         if self.init == "ones":
             return np.ones(self.shape, dtype)
         return np.zeros(self.shape, dtype)
+
+
+def full_name(node, name):
+    """The plan's name of ``node``'s parameter or state ``name``: ``<node>.<name>``, or the
+    node's own name for its value (``Param.name`` "": ``g.parameter``, ``g.constant``)."""
+    return f"{node.name}.{name}" if name else node.name
+
+
+def declared(graph):
+    """[(full name, Param, is_state)]: every parameter and piece of state of ``graph``, in graph
+    order (each node's parameters, then its state), as the ops declare them."""
+    out = []
+    for node in graph.nodes:
+        op = _REGISTRY[node.op]
+        out += [(full_name(node, p.name), p, False) for p in op.params(node)]
+        out += [(full_name(node, p.name), p, True) for p in op.state(node)]
+    return out
 
 
 ACCESS = ("in", "out", "inout")
@@ -189,6 +212,12 @@ class Op:
     builder = None             # the public function that adds this op to a graph
     templates = {}             # name -> inline Jinja2 source, usable as a Kernel's template
     is_view = False            # output shares its input's memory (reshape)
+    open = False               # takes values without a batch axis (parameters, constants and
+    #                            what is computed from them alone) and broadcasts them over the
+    #                            batch: the primitives; the catalogue's ops take per-sample values
+    passes_gradient = True     # False: no gradient flows into the inputs (stop_gradient)
+    stored = False             # the node's value is its own parameter or state (Param name "":
+    #                            g.parameter, g.constant): no launch computes it
     mode_dependent = False     # forward differs between training and inference (batch norm): a
     #                            training plan also gets the inference forward (``…_infer``)
     applies_input_derivative = False
@@ -231,6 +260,12 @@ class Op:
 
     def infer(self, node):
         raise NotImplementedError
+
+    def batched(self, node):
+        """Whether the node's value is one per sample: an open op's is where any input's is
+        (a value computed from parameters and constants alone has no batch axis); every other
+        op's always is."""
+        return any(i.batched for i in node.inputs) if self.open else True
 
     def params(self, node):
         return []

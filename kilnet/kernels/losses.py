@@ -23,12 +23,15 @@ def parts(size):
 
 
 def elementwise_loss(kind, device, *, batch, size, out, target, loss, dout, accumulate,
-                     ctype="float"):
+                     ctype="float", scale=None):
     """Per (sample, chunk) its share of the mean loss, and the gradient of the mean loss with
-    respect to ``out``. ``device``: the compiler's Target; ``ctype``: the C type."""
+    respect to ``out``. ``device``: the compiler's Target; ``ctype``: the C type. Kind "sum"
+    (a loss written in the graph, Graph.loss): ``scale`` times the sum of ``out``'s elements,
+    whose gradient is ``scale`` everywhere; the others' scale is 1/(batch·size), their mean."""
     L = 1 if device.kind == "cpu" else device.lanes or GPU_LANES
     consts = dict(kind=kind, B=batch, N=size, CH=CHUNK, P=parts(size), L=L, accumulate=accumulate,
-                  input_grad=dout is not None, VW=vector_width(device, ctype) if L == 1 else 1)
+                  input_grad=dout is not None, VW=vector_width(device, ctype) if L == 1 else 1,
+                  scale=None if scale is None else repr(float(scale)))
     bufs = {"out": out, "loss": written(loss)} if target is None else \
         {"out": out, "target": target, "loss": written(loss)}
     if dout is not None:

@@ -4,7 +4,7 @@ module here is an op; what ops are built from is kilnet/kernels/"""
 import importlib
 import pkgutil
 
-from ..kernels.base import BUILDERS as _REGISTERED, Kernel, Op, Param, get_op, register  # noqa: F401
+from ..kernels.base import BUILDERS as _REGISTERED, Kernel, Op, Param, declared, get_op, register  # noqa: F401
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

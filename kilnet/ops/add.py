@@ -10,6 +10,7 @@ ONNX: Add (two inputs), Sum (any other count).
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, kernel, need, out, register
 from ..policy import symbolic
+from ..policy.vectors import widest_vector
 
 
 def add(*xs, name=None):
@@ -43,20 +44,24 @@ def same_shapes(node):
     return first.shape
 
 
-def map_stores(ctx, step, n, buffers, stores, lets=(), vectors=True, tables=()):
+def map_stores(ctx, step, n, buffers, stores, lets=(), vectors=True, tables=(), run=None):
     """One templates/elementwise.cl.j2 launch over n elements: ``lets`` [(C type or "T", name,
     expression)] declared, then ``stores`` [(argument, expression, accumulate)] written (added to
-    where accumulate), per element i; ``tables`` [(name, [C literal, …])] are constant arrays
+    where accumulate), per element i (an "int" let, an index, is the same in both forms); ``tables`` [(name, [C literal, …])] are constant arrays
     the expressions may index. Expressions read arguments through LD(p, i). With
     ``vectors`` (bodies that do not depend on i) a work-item takes a V-vector on CPU forms, the
-    expressions then vectorised (symbolic.vectorised: every literal written (real)…)."""
+    expressions then vectorised (symbolic.vectorised: every literal written (real)…); ``run``:
+    the elements along which the body's reads stay contiguous (or constant) when they do not
+    along all n, which the vector must divide (broadcast.Grid.run)."""
     s = ctx.schedule(step, vectors=True) if vectors else ctx.schedule(step)
     V = (s.vector or 1) if vectors else 1
+    if run is not None and V > 1:
+        V = widest_vector(run, V)
 
-    def forms(e):
-        return e, symbolic.vectorised(e) if V > 1 else e
+    def forms(e, t="T"):
+        return e, symbolic.vectorised(e) if V > 1 and t in ("T", "real") else e
     consts = dict(N=n, V=V, tables=[(name, list(vs)) for name, vs in tables],
-                  lets=[(t, name, *forms(e)) for t, name, e in lets],
+                  lets=[(t, name, *forms(e, t)) for t, name, e in lets],
                   stores=[(b, *forms(e), bool(acc)) for b, e, acc in stores])
     return kernel(step, "elementwise", consts, buffers, *s.cover(-(-n // V)))
 

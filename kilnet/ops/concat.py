@@ -12,12 +12,16 @@ from ..kernels.base import GraphError, Op, kernel, need, out, register
 
 
 
-def concat(*xs, name=None):
-    """(…, C1), (…, C2), … -> (…, C1 + C2 + …).
+def concat(*xs, axis=None, name=None):
+    """(…, C1), (…, C2), … -> (…, C1 + C2 + …); with ``axis``, along that axis.
 
     Args:
         *xs (Value): one or more values of one graph whose shapes differ at most in the last
-            axis (any number of inputs).
+            axis (any number of inputs); with ``axis``, at most along it, and a value without
+            a batch axis (a parameter, a constant) is the same in every sample.
+        axis (int | None): None: the last axis, values per sample (this op); an int (negative
+            counts from the end): along that axis (kilnet/ops/gathers.py's concat_axis; the
+            last axis with values per sample is this op).
         name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
             block); default ``concat_<n>``. Parameters are named ``<name>.<param>``.
 
@@ -31,7 +35,14 @@ def concat(*xs, name=None):
     """
     if not xs:
         raise GraphError("concat: needs at least one input")
-    return graph_of(xs[0], "concat").add("concat", list(xs), {}, name)
+    g = graph_of(xs[0], "concat")
+    if axis is None:
+        return g.add("concat", list(xs), {}, name)
+    rank = len(xs[0].shape)
+    last = isinstance(axis, int) and not isinstance(axis, bool) and axis in (-1, rank - 1)
+    if last and all(getattr(x, "batched", True) and len(x.shape) == rank for x in xs):
+        return g.add("concat", list(xs), {}, name)
+    return g.add("concat_axis", list(xs), {"axis": axis}, name)
 
 
 @register

@@ -1,8 +1,11 @@
-"""input and reshape: nodes that move no data.
+"""input, reshape and stop_gradient: nodes that move no data.
 
 ``reshape(x, shape)``: the same per-sample values, in C order, viewed with another shape of
 the same size (one -1 takes the size left over); the batch axis is not part of ``shape``. No
 kernel and no copy: the output is x's buffer, and its gradient is dy as it is. No parameters.
+
+``stop_gradient(x)``: x itself (a view), through which no gradient flows back: nothing upstream
+of it receives a gradient from what reads it.
 
 ``input``: the node of ``Graph.input(name, shape)``, a graph input that the model's calls feed
 under ``name``; it has no builder here.
@@ -53,6 +56,7 @@ class Reshape(Op):
     kind = "reshape"
     builder = reshape
     is_view = True
+    open = True
 
     def infer(self, node):
         raw, size = node.attrs["shape"], node.inputs[0].size
@@ -71,3 +75,37 @@ class Reshape(Op):
 
     def onnx(self, node, e):
         return e.reshape(e.x(node), node.shape)
+
+
+def stop_gradient(x, name=None):
+    """The identity forward; no gradient flows into ``x`` (a view: no kernel, no copy).
+
+    Args:
+        x (Value): any value (with or without a batch axis).
+        name (str | None): the node's name, an ASCII identifier; default ``stop_gradient_<n>``.
+
+    Returns:
+        value (Value): x itself, as a value through which training's gradient does not pass.
+
+    Raises:
+        GraphError: ``x`` is not a graph value, or ``name`` is not an ASCII identifier or is
+            already used.
+    """
+    return graph_of(x, "stop_gradient").add("stop_gradient", [x], {}, name)
+
+
+@register
+class StopGradient(Op):
+    """stop_gradient(x): x forward; nothing upstream of it receives a gradient through it (a
+    target built from the model's own outputs, a frozen path)."""
+    kind = "stop_gradient"
+    builder = stop_gradient
+    is_view = True
+    open = True
+    passes_gradient = False
+
+    def infer(self, node):
+        return node.inputs[0].shape
+
+    def onnx(self, node, e):
+        return e.x(node)

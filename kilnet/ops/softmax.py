@@ -15,16 +15,19 @@ underflow to zero in float32. V1's floor of the inputs at −120 and its 1.2e-7 
 sum (docs/ARTICLES.md §1 SoftMax) are not reproduced either.
 """
 from ..graph import graph_of
-from ..kernels.base import Op, int_attr, kernel, need, out, register
+from ..kernels.base import GraphError, Op, int_attr, kernel, need, out, register
 from ..policy.kinds import Family
 
 
-def softmax(x, heads=1, name=None):
-    """Softmax over each head's contiguous segment of the flattened sample.
+def softmax(x, heads=1, axis=None, name=None):
+    """Softmax over each head's contiguous segment of the flattened sample, or along ``axis``.
 
     Args:
         x (Value): the input, any per-sample shape (N values when flattened).
         heads (int): the number of segments, >= 1, dividing N (default 1: one softmax).
+        axis (int | None): softmax along this axis instead (negative counts from the end;
+            ``heads`` must then be 1): kilnet/ops/reductions.py. Along the last axis of a value
+            per sample it is this op with heads = N / the last axis's size.
         name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
             block); default ``softmax_<n>``. Parameters are named ``<name>.<param>``.
 
@@ -38,7 +41,16 @@ def softmax(x, heads=1, name=None):
             ASCII identifier or is already used.
         ShapeError: heads does not divide the sample's size.
     """
-    return graph_of(x, "softmax").add("softmax", [x], {"heads": heads}, name)
+    g = graph_of(x, "softmax")
+    if axis is None:
+        return g.add("softmax", [x], {"heads": heads}, name)
+    if heads != 1:
+        raise GraphError(f"softmax of {x.name!r}: heads must be 1 with axis={axis!r}, got "
+                         f"heads={heads!r}")
+    if x.batched and isinstance(axis, int) and not isinstance(axis, bool) and \
+            axis in (-1, len(x.shape) - 1):
+        return g.add("softmax", [x], {"heads": x.size // x.shape[-1]}, name)
+    return g.add("softmax_axis", [x], {"axis": axis}, name)
 
 
 def _launch(step, node, ctx, mode, buffers, **extra):

@@ -32,6 +32,11 @@ def loss_part(output):
     return f"{output}:loss"
 
 
+def objective_part(i):
+    """The loss parts of loss ``i`` written in the graph (Graph.loss)."""
+    return f"objective:{i}"
+
+
 def finite_part(feed):
     """The loss part that is NaN where feed ``feed`` holds a non-finite value (losses.finite_check)."""
     return f"{feed}:finite"

@@ -132,6 +132,7 @@ class Plan:
     # Gather and record launches for data kept on the device (Resident), or None and why not.
     resident: object = None
     resident_why: str = "the plan has no loss"
+    objectives: int = 0         # losses written in the graph (graph.losses) the plan computes
 
     def launches_in(self, *phases):
         """The launches whose phase (one of PHASES) is one of ``phases``, in plan order."""
@@ -139,4 +140,6 @@ class Plan:
 
     @property
     def training(self):
-        return bool(self.loss)
+        """Whether the plan computes an objective: a named loss on an output, or losses written
+        in the graph."""
+        return bool(self.loss) or bool(self.objectives)

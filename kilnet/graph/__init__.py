@@ -2,12 +2,21 @@
 
 A value's shape is per sample; the batch is chosen at compile time. Every node is shape-checked
 as it is added (by its op's ``infer``), so a mistake surfaces on the line that made it.
+
+A value is *batched* (one per sample) unless it is a parameter, a constant, or computed from
+those alone (``Value.batched``): such a value has no batch axis and is the same for every
+sample. Only the primitives (``Op.open``: expr, matmul, the reductions, the gathers, views)
+take one; the catalogue's ops take per-sample values, and a graph output must be one.
+
+Besides outputs, a graph holds losses (``Graph.loss``): values whose batch mean of element sums,
+weighted, the training objective adds up (docs/DESIGN.md section 2.1).
 """
 import contextlib
 import math
 import numbers
 
-from .errors import GraphError, KilnetError, ShapeError
+from ..errors import GraphError, KilnetError
+from .values import Loss, _array_attr, _plain, _shape  # noqa: F401  (graph._plain, graph.Loss)
 
 # The op definitions that nodes name by kind, filled by kilnet.kernels.base.register when the op
 # package is imported: a graph checks and infers through them without importing the ops.
@@ -27,21 +36,6 @@ def op_kinds(fused_loss=None):
                   if fused_loss is None or fused_loss in op.fused_losses)
 
 
-def _shape(shape, what):
-    raw = shape
-    if isinstance(shape, numbers.Integral):
-        shape = (shape,)
-    try:
-        if isinstance(shape, (str, bytes)):
-            raise TypeError
-        shape = tuple(_plain(d) for d in shape)
-    except TypeError:
-        raise ShapeError(f"{what}: shape must be a tuple of positive ints, got {raw!r}") from None
-    if not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
-        raise ShapeError(f"{what}: shape must be a non-empty tuple of positive ints, got {raw!r}")
-    return shape
-
-
 RESERVED = frozenset({"scalars"})      # buffer names the compiler uses for itself
 
 
@@ -59,13 +53,14 @@ class Node:
     ``meta`` is where compiler passes record what they decided about the node (as torch.fx's
     ``Node.meta``); it is not part of the graph's description and each lowering rewrites it."""
 
-    __slots__ = ("graph", "name", "op", "inputs", "attrs", "shape", "users", "meta")
+    __slots__ = ("graph", "name", "op", "inputs", "attrs", "shape", "users", "meta", "batched")
 
     def __init__(self, graph, name, op, inputs, attrs, shape):
         self.graph, self.name, self.op = graph, name, op
         self.inputs, self.attrs, self.shape = tuple(inputs), dict(attrs), tuple(shape)
         self.users = []
         self.meta = {}
+        self.batched = True        # one value per sample (Op.batched decides, in Graph.add)
 
     @property
     def size(self):
@@ -84,6 +79,8 @@ class Value:
         name (str): the name of the node whose output this is.
         graph (Graph): the graph the value belongs to.
         size (int): the per-sample element count (the product of ``shape``).
+        batched (bool): True for a value per sample; False for a parameter, a constant, or a
+            value computed from them alone (no batch axis: the same for every sample).
         node (Node): the node itself.
     """
 
@@ -96,6 +93,8 @@ class Value:
     name = property(lambda self: self.node.name, doc="The name of the node whose output this is.")
     graph = property(lambda self: self.node.graph, doc="The ``Graph`` the value belongs to.")
     size = property(lambda self: self.node.size, doc="The per-sample element count.")
+    batched = property(lambda self: self.node.batched,
+                       doc="Whether the value is one per sample (False: no batch axis).")
 
     def __repr__(self):
         return f"Value({self.name}, shape={self.shape})"
@@ -111,6 +110,7 @@ class Graph:
         nodes (list[Node]): every node in the order added (inputs included).
         inputs (dict[str, Node]): the input nodes by name.
         outputs (dict[str, Node]): the output nodes by output name.
+        losses (list[Loss]): the losses added by ``loss``, in order.
     """
 
     def __init__(self, name="graph"):
@@ -120,6 +120,7 @@ class Graph:
         self.nodes = []
         self.inputs = {}
         self.outputs = {}
+        self.losses = []
         self._by_name = {}
         self._counters = {}
         self._scopes = []
@@ -181,14 +182,106 @@ class Graph:
         if not _is_name(name):
             raise GraphError(f"output name must be an ASCII identifier, got {name!r}")
         node = self._own(value, f"output {name!r}")
+        if not node.batched:
+            raise GraphError(f"output {name!r}: value {node.name!r} has no batch axis (it is a "
+                             f"parameter or a constant, or computed from them alone), and an "
+                             f"output is one value per sample; read a parameter with "
+                             f"model.params, or give the value a per-sample input")
         if name in self.outputs:
             raise GraphError(f"output {name!r} is already marked (node {self.outputs[name].name!r})")
         self.outputs[name] = node
         return value
 
+    def parameter(self, name, shape, init="normal", scale=None, trainable=True):
+        """Declare a learned array that has no batch axis (the same for every sample): what
+        the primitives (kn.matmul, kn.expr, ...) build layers from.
+
+        Args:
+            name (str): an ASCII identifier; inside ``g.block`` it is prefixed with the block's
+                name, and ``model.params`` holds it under that full name.
+            shape (tuple[int, ...] | int): positive ints.
+            init (str | array): "normal" (N(0, s²)), "uniform" (U(-s, s)), "zeros", "ones", or
+                an array of ``shape`` holding the starting values. Drawn from the compile seed.
+            scale (float | None): s above, a finite number > 0; default ``shape[-1] ** -0.5``.
+            trainable (bool): False: never updated and gets no gradient (it is then the
+                model's state, as batch norm's running statistics are).
+
+        Returns:
+            value (Value): the parameter, with no batch axis (``value.batched`` is False).
+
+        Raises:
+            GraphError: a bad or used name, an unknown init, a bad scale or trainable, or the
+                graph belongs to a compiled model.
+            ShapeError: a bad shape, or an init array of another shape.
+        """
+        self._check_open(f"parameter {name!r}")
+        if not _is_name(name):
+            raise GraphError(f"parameter name must be an ASCII identifier, got {name!r}")
+        shape = _shape(shape, f"parameter {name!r}")
+        if not isinstance(init, str):
+            init = _array_attr(init, f"parameter {name!r}: init")
+        return self.add("parameter", [], {"shape": list(shape), "init": init, "scale": scale,
+                                          "trainable": trainable}, name=name)
+
+    def constant(self, array, name=None):
+        """A fixed array with no batch axis (the same for every sample) and no gradient,
+        stored in the plan, its checkpoints and exports.
+
+        Args:
+            array (array-like): real numbers; a single number is an array of shape (1,).
+            name (str | None): the node's name, an ASCII identifier; default ``constant_<n>``.
+
+        Returns:
+            value (Value): of the array's shape, with no batch axis.
+
+        Raises:
+            GraphError: not an array of real numbers, or a bad or used name.
+        """
+        self._check_open("constant")
+        value = _array_attr(array, "constant")
+        return self.add("constant", [], {"value": value}, name=name)
+
+    def loss(self, value, weight=1.0, params=None):
+        """Add ``weight · (1/B) · Σ_samples Σ_elements value`` to the training objective (B the
+        batch; a value without a batch axis adds ``weight · Σ_elements value``). A graph with
+        losses is compiled with ``loss=None``; ``train_step(feeds)`` returns the objective,
+        the sum of every loss, and targets are ordinary graph inputs.
+
+        Args:
+            value (Value): a value of this graph.
+            weight (float): a finite number (default 1).
+            params (None | str | list[str]): the blocks whose parameters this loss trains
+                (docs/DESIGN.md section 2.1); None: every trainable parameter.
+
+        Returns:
+            loss (Loss): the record added to ``graph.losses``.
+
+        Raises:
+            GraphError: a value of another graph or not a value, a weight that is not a finite
+                number, params that are not block names, or the graph belongs to a compiled
+                model.
+        """
+        self._check_open("loss")
+        node = self._own(value, f"loss {len(self.losses)}")
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or \
+                not math.isfinite(weight):
+            raise GraphError(f"loss on {node.name!r}: weight must be a finite number, got "
+                             f"{weight!r}")
+        if params is not None:
+            blocks = [params] if isinstance(params, str) else params
+            if not isinstance(blocks, (list, tuple)) or not blocks or \
+                    not all(_is_dotted_name(b) for b in blocks):
+                raise GraphError(f"loss on {node.name!r}: params must be None, a block name or "
+                                 f"a list of block names, got {params!r}")
+            params = list(blocks)
+        loss = Loss(node, float(weight), params)
+        self.losses.append(loss)
+        return loss
+
     def dead(self):
-        """The nodes no output depends on (dead branches), inputs aside, in graph order."""
-        live, todo = set(), [n for n in self.outputs.values()]
+        """The nodes no output and no loss depends on (dead branches), inputs aside, in graph
+        order."""
+        live, todo = set(), [n for n in self.outputs.values()] + [x.node for x in self.losses]
         while todo:
             node = todo.pop()
             if node.name not in live:
@@ -280,8 +373,17 @@ class Graph:
         node = Node(self, name, op, nodes, {k: _plain(v) for k, v in dict(attrs).items()}, ())
         # A failed check leaves the graph exactly as it was (no node, no counter moved), and its
         # message always names the node.
+        if not opdef.open:
+            for i, v in enumerate(nodes):
+                if not v.batched:
+                    raise GraphError(
+                        f"{name} ({op}): input {i} ({v.name!r}, a {v.op}) has no batch axis: it "
+                        f"is a parameter or a constant, or computed from them alone; {op} takes "
+                        f"values per sample. Write the layer with the primitives (kn.matmul, "
+                        f"kn.expr, ...), which broadcast such values over the batch")
         try:
             node.shape = tuple(opdef.infer(node))
+            node.batched = bool(opdef.batched(node))
         except KilnetError as e:
             if str(e).startswith(f"{name} ("):
                 raise
@@ -300,23 +402,9 @@ class Graph:
     def __repr__(self):
         lines = [f"graph {self.name}:"] + [f"  {n!r}" for n in self.nodes]
         lines += [f"  output {k} = %{v.name}" for k, v in self.outputs.items()]
+        lines += [f"  loss {x.weight!r} * %{x.node.name}" + (f" (params {x.params})" if x.params
+                                                             else "") for x in self.losses]
         return "\n".join(lines)
-
-
-def _plain(v):
-    """numpy scalars (np.int64(3), np.float32(0.1)) as the Python numbers ops check for and JSON
-    can store; lists and tuples element by element."""
-    if isinstance(v, bool) or v is None or isinstance(v, str):
-        return v
-    if hasattr(v, "dtype") and getattr(v, "shape", None) == ():   # numpy scalar or 0-d array
-        v = v.item()
-    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
-        return int(v)
-    if isinstance(v, numbers.Real) and not isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_plain(x) for x in v)
-    return v
 
 
 def graph_of(x, op):
@@ -331,7 +419,9 @@ def to_dict(graph):
     return {"name": graph.name,
             "nodes": [{"name": n.name, "op": n.op, "inputs": [i.name for i in n.inputs],
                        "attrs": n.attrs} for n in graph.nodes],
-            "outputs": {k: v.name for k, v in graph.outputs.items()}}
+            "outputs": {k: v.name for k, v in graph.outputs.items()},
+            "losses": [{"value": x.node.name, "weight": x.weight, "params": x.params}
+                       for x in graph.losses]}
 
 
 def from_dict(d):
@@ -347,6 +437,8 @@ def from_dict(d):
                 g.add(n["op"], inputs, dict(n["attrs"]), name=n["name"])
         for k, v in d["outputs"].items():
             g.output(k, Value(g.node(v)))
+        for x in d.get("losses", ()):
+            g.loss(Value(g.node(x["value"])), x["weight"], x["params"])
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise GraphError(f"graph description is malformed: {type(e).__name__}: {e}") from None
     g._loading = False
