@@ -5,7 +5,9 @@
  *
  * INPUTS.bin: every input of the plan for the whole batch, in plan order, raw little-endian
  * values of the bundle's dtype; OUTPUTS.bin: every output likewise. In train mode INPUTS.bin and
- * TARGETS.bin may hold several batches one after the other: one train step per batch. Each step
+ * TARGETS.bin may hold several batches one after the other: one train step per batch (a bundle
+ * whose losses are written in the graph, g.loss, has no targets: its targets are inputs, and
+ * TARGETS.bin is then - or an empty file). Each step
  * prints "step T loss L"; OUTDIR gets the updated arena files (param.bin, state.bin, moment*.bin,
  * the same layout as the bundle's), loss.txt (one loss per step) and step.txt (steps taken in
  * all). `--from DIR` starts from a folder that train wrote (its arena files; train also its step.txt) instead
@@ -1032,8 +1034,20 @@ int main(int argc, char **argv) {
     } else {
         size_t k, kt, s, used = 0; char *in, *tg, *losses; uint64_t t = step0;
         if (scal_arena < 0) die("bundle %s has no train_step (export it with train=True / --train)", bundle);
-        in = read_batches(pos[2], 0, &k); tg = read_batches(pos[3], 1, &kt);
-        if (k != kt) die("%s holds %" PRIu64 " batches but %s holds %" PRIu64, pos[2], (uint64_t)k, pos[3], (uint64_t)kt);
+        in = read_batches(pos[2], 0, &k);
+        if (io_bytes(1)) {
+            tg = read_batches(pos[3], 1, &kt);
+            if (k != kt) die("%s holds %" PRIu64 " batches but %s holds %" PRIu64, pos[2], (uint64_t)k, pos[3], (uint64_t)kt);
+        } else {   /* the losses are written in the graph: its targets are among the inputs */
+            tg = NULL;
+            if (strcmp(pos[3], "-")) {
+                size_t tn; char *t0 = read_file(pos[3], &tn);
+                free(t0);
+                if (tn) die("%s has %" PRIu64 " bytes, but bundle %s has no targets (its losses are "
+                            "written in the graph, their targets among the inputs): give - or an "
+                            "empty file", pos[3], (uint64_t)tn, bundle);
+            }
+        }
         check_ids(in, k, pos[2]);
         if (!kl_is_folder(pos[4])) die("OUTDIR %s is not a folder (make it first)", pos[4]);
         losses = xcalloc(k, 32);
@@ -1047,7 +1061,8 @@ int main(int argc, char **argv) {
             for (i = 0; i < STEP_SCALARS; i++) f[i] = (float)v[i];
             r.arena = scal_arena; r.offset = scal_offset; r.count = STEP_SCALARS; strcpy(r.name, "step scalars");
             memcpy(buf, item == 4 ? (void *)f : (void *)v, STEP_SCALARS * item); transfer(&r, buf, 1);
-            upload(in + s * io_bytes(0), 0); upload(tg + s * io_bytes(1), 1);
+            upload(in + s * io_bytes(0), 0);
+            if (tg) upload(tg + s * io_bytes(1), 1);
             run_call("train_step");
             for (i = 0; i < nloss; i++) {
                 char *part = xcalloc(loss[i].count, item); transfer(&loss[i], part, 0);
