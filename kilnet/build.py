@@ -4,10 +4,12 @@
 and the Model around it."""
 import dataclasses
 import numbers
+import warnings
 
 from .checkpoint import parse
 from .compiler.lower import check_loss_spec, lower
-from .errors import CheckpointError, CompileError, GraphError, KilnetError, whole_number
+from .errors import (CheckpointError, CompileError, DeadBranchWarning, GraphError, KilnetError,
+                     whole_number)
 from .graph import Graph
 from .kernels.optimizers import Optimizer
 from .model import Model
@@ -205,21 +207,15 @@ def load(path, device=None, batch=None, comm=None, overlap=False, inference=Fals
         if not hasattr(device, "int_ptr"):     # a bad device choice is not the file's fault
             device = select_device(device)
         graph, c, optimizer, step, dtype, wanted, arrays = parse(path)
-    if inference:          # forward alone: the losses written in the graph are not computed
-        graph.losses.clear()
-    try:
-        trains = {} if inference else dict(optimizer=optimizer, loss=c["loss"] or None,
-                                            input_grads=c.get("input_grads", False))
-        model = compile(graph, batch=c["batch"] if batch is None else batch, dtype=dtype,
-                        device=device, seed=c["seed"], **trains,
-                        **({} if comm is None else {"comm": comm, "overlap": overlap}))
-    except KilnetError as e:
-        hint = ("; kn.load(path, batch=..., inference=True) compiles it for forward alone, at "
-                "any batch" if not inference and "training needs batch" in str(e) else "")
-        raise CheckpointError(f"{path}: the saved architecture does not compile: {e}{hint}") \
-            from None
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"{path}: checkpoint header is malformed ({type(e).__name__}: {e})") from None
+    quiet = warnings.catch_warnings()
+    with quiet:
+        if inference and graph.losses:
+            # forward alone: the losses written in the graph are not computed, and what only
+            # they read is no dead branch of the user's (compile warned of those already)
+            graph.losses.clear()
+            warnings.simplefilter("ignore", DeadBranchWarning)
+        model = _compile_loaded(path, graph, c, optimizer, dtype, device, batch, comm, overlap,
+                                inference)
     if inference:                  # parameters and state only
         wanted = {k: v for k, v in wanted.items() if k.startswith("p/")}
     for key, (buf, size) in wanted.items():
@@ -232,3 +228,20 @@ def load(path, device=None, batch=None, comm=None, overlap=False, inference=Fals
     model._exec.finish()
     model.step = step
     return model
+
+
+def _compile_loaded(path, graph, c, optimizer, dtype, device, batch, comm, overlap, inference):
+    """``load``'s compile of the saved architecture, its errors as CheckpointErrors."""
+    try:
+        trains = {} if inference else dict(optimizer=optimizer, loss=c["loss"] or None,
+                                            input_grads=c.get("input_grads", False))
+        return compile(graph, batch=c["batch"] if batch is None else batch, dtype=dtype,
+                       device=device, seed=c["seed"], **trains,
+                       **({} if comm is None else {"comm": comm, "overlap": overlap}))
+    except KilnetError as e:
+        hint = ("; kn.load(path, batch=..., inference=True) compiles it for forward alone, at "
+                "any batch" if not inference and "training needs batch" in str(e) else "")
+        raise CheckpointError(f"{path}: the saved architecture does not compile: {e}{hint}") \
+            from None
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{path}: checkpoint header is malformed ({type(e).__name__}: {e})") from None

@@ -14,7 +14,12 @@ def summary(model):
     if model._exec.submit.name == "plan kernel":
         out.append(plan.plan_kernel.describe())     # its stages, and what runs apart and why
     if plan.optimizer is not None:
-        out.append(f"optimizer {plan.optimizer!r}; loss {plan.loss}")
+        out.append(f"optimizer {plan.optimizer!r}; loss {plan.loss}" if plan.loss else
+                   f"optimizer {plan.optimizer!r}")
+    if plan.objectives:
+        out.append("losses in the graph: " + " + ".join(
+            f"{x.weight:g}·{'Σ' if not x.node.batched else 'mean Σ'} {x.node.name}"
+            for x in g.losses))
     out.append("")
     rows = [(node.name, node.op, str(node.shape),
              str(sum(_size(p.shape) for p in get_op(node.op).params(node))),

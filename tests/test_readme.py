@@ -10,10 +10,11 @@ import pytest
 
 from docs_pages import ROOT, blocks, pages
 
-# What a page takes as given without showing it: the specification's example uses a batch it
-# names but does not make.
+# What a page takes as given without showing it: the specification's examples use a batch and
+# sizes they name but do not make.
 PRELUDE = {"docs/DESIGN.md": "import numpy as np\nx = np.random.rand(64, 40, 12).astype(np.float32)\n"
-                             "y = np.zeros((64, 45), np.float32); y[:, [0, 15, 30]] = 1\n"}
+                             "y = np.zeros((64, 45), np.float32); y[:, [0, 15, 30]] = 1\n"
+                             "T, C, H = 12, 5, 8\n"}
 
 
 def python_blocks(page="README.md"):
