@@ -6,7 +6,8 @@ equivalence: 2 ranks of batch B against one process of batch 2B (rank 0 compiles
     itself, without a communicator) in float64, with SGD + momentum (through kn.fit, which shards
     the global batches), Adam with bucketed overlap, and Adam with batchnorm(sync=True); a
     checkpoint saved by the 2 ranks continued in one process and loaded on both ranks; a
-    non-finite loss on one rank. Each case reports its exchange's host memory and whether its
+    non-finite loss on one rank; a graph of primitives whose losses are in the graph (Adam,
+    train_step and gradients on feeds alone). Each case reports its exchange's host memory and whether its
     all-reduces were persistent requests, then closes its Replicas.
 mismatch: rank 1 compiles another graph, then another batch, then another dtype.
 kill: rank 1 kills itself with SIGKILL at step 2; rank 0 must not finish.
@@ -38,6 +39,23 @@ def graph(width=7, bn=None, drop=None):
         h = kn.dropout(h, drop)
     h = kn.dense(h, 6, activation="gelu")
     g.output("y", kn.dense(h, 3))
+    return g
+
+
+def primitives_graph():
+    """Layers and losses written from primitives (DESIGN 2.1): x·Wᵀ folded over the batch, W·v
+    with a column per sample, a loss on the output against a target input and an L2 penalty on a
+    parameter (a value without a batch axis: every rank adds it, and the mean over ranks keeps
+    it once)."""
+    g = kn.Graph("dp_prim")
+    x, t = g.input("x", (5,)), g.input("t", (3,))
+    w, b = g.parameter("w", (7, 5)), g.parameter("b", (7,), init="zeros")
+    z = kn.matmul(kn.reshape(x, (1, 5)), w, transpose_b=True)                 # (1, 7)
+    h = kn.expr("tanh(z + b)", z=z, b=b)
+    y = kn.reshape(kn.matmul(g.parameter("v", (3, 7)), kn.reshape(h, (7, 1))), (3,))
+    g.loss(kn.expr("(y - t)**2", y=y, t=t))
+    g.loss(kn.sum(kn.expr("w * w", w=w)), weight=0.01)
+    g.output("y", y)
     return g
 
 
@@ -120,6 +138,23 @@ def equivalence(out):
                 rec["ckpt_loss_err"] = max(abs(a - b) for a, b in zip(after, one_losses))
         model._runner.replicas.close()         # requests freed, host copy unmapped and released
         report[name] = rec
+
+    # Primitives and losses written in the graph: the targets are inputs.
+    model = kn.compile(primitives_graph(), batch=B, optimizer=kn.Adam(0.01), dtype="float64",
+                       seed=rank, comm=comm)
+    feeds = [{"x": f["x"], "t": t["y"]} for f, t in batches]
+    mine = [{k: v[rank * B:(rank + 1) * B] for k, v in f.items()} for f in feeds]
+    rec = {"losses": [model.train_step(f) for f in mine[:STEPS]],
+           "digest": digest(params_of(model))}
+    grads = model.gradients(mine[STEPS])
+    if rank == 0:
+        ref = kn.compile(primitives_graph(), batch=N * B, optimizer=kn.Adam(0.01),
+                         dtype="float64", seed=0)
+        rec["ref_losses"] = [ref.train_step(f) for f in feeds[:STEPS]]
+        rec["param_err"] = max_rel(params_of(model), params_of(ref))
+        rec["grad_err"] = max_rel(dict(grads), dict(ref.gradients(feeds[STEPS])))
+    model._runner.replicas.close()
+    report["primitives"] = rec
 
     # A NaN on rank 1 only: every rank sees the non-finite loss and skips the update.
     model = kn.compile(graph(), batch=B, optimizer=kn.SGD(0.1), loss="mse", dtype="float64",

@@ -55,6 +55,11 @@ def test_two_ranks_train_as_one_process_with_twice_the_batch(tmp_path):
             assert r["staging"].startswith("pinned"), (case, r["staging"])
             assert r["persistent"], case
     assert r0["adam_syncbn"]["state_digest"] == r1["adam_syncbn"]["state_digest"]
+    # Primitives with losses written in the graph (one of them on a parameter alone).
+    a, b = r0["primitives"], r1["primitives"]
+    assert a["losses"] == pytest.approx(a["ref_losses"], rel=1e-12, abs=1e-14)
+    assert a["losses"] == b["losses"] and a["digest"] == b["digest"]
+    assert a["param_err"] < 1e-12 and a["grad_err"] < 1e-12, (a["param_err"], a["grad_err"])
     # kn.fit sharded the global batches and counts every rank's samples.
     assert r0["sgd"]["samples"] == r1["sgd"]["samples"] == 4 * RANKS * 4
     # A checkpoint saved by 2 ranks continues in one process of batch 2B, and loads on 2 ranks.
