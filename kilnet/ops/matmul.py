@@ -134,17 +134,27 @@ def product(ctx, step, X, Y, Z, P, accumulate=False):
 
 
 def _gemm(ctx, step, M, N, K, X, Y, Z, a_idx, b_idx, c_idx, batch, accumulate):
-    """One product on the GEMM skeleton; where neither operand runs along the way the CPU
-    forms need (A along k, or B along n), the transposed product Zᵀ = Yᵀ·Xᵀ."""
+    """One product on the GEMM skeleton, as Z = X·Y or as Zᵀ = Yᵀ·Xᵀ, whichever runs its
+    operands the way the CPU forms need (A along k, or B along n: the other cannot be built)
+    and, of those, stores rows of Z contiguously (a product that stores along m scatters its
+    blocks: dense's weight gradient stored transposed took 6x the time)."""
     m, n, k, b = index.symbols()
-    sa, sb = index.strides(a_idx, (m, k)), index.strides(b_idx, (k, n))
-    a_kfast = sa is not None and sa[k] == 1
-    kvec = a_kfast and sb is not None and sb[k] == 1
-    b_nfast = not kvec and sb is not None and sb[n] == 1
-    if not a_kfast and not b_nfast:
-        swap = {m: n, n: m}
-        return _gemm(ctx, step, N, M, K, Y.T, X.T, Z.T, b_idx.xreplace(swap),
-                     a_idx.xreplace(swap), c_idx.xreplace(swap), batch, accumulate)
+    swap = {m: n, n: m}
+    forms = [(M, N, X, Y, Z, a_idx, b_idx, c_idx),
+             (N, M, Y.T, X.T, Z.T, b_idx.xreplace(swap), a_idx.xreplace(swap),
+              c_idx.xreplace(swap))]
+
+    def flags(f):
+        _, _, _, _, _, ai, bi, ci = f
+        sa, sb, sc = index.strides(ai, (m, k)), index.strides(bi, (k, n)), \
+            index.strides(ci, (m, n))
+        a_kfast = sa is not None and sa[k] == 1
+        kvec = a_kfast and sb is not None and sb[k] == 1
+        b_nfast = not kvec and sb is not None and sb[n] == 1
+        return a_kfast, b_nfast, sc is not None and sc[n] == 1
+    scored = [(flags(f)[0] or flags(f)[1], flags(f)[2], -i, f) for i, f in enumerate(forms)]
+    _, _, _, (M, N, X, Y, Z, a_idx, b_idx, c_idx) = max(scored, key=lambda s: s[:3])
+    a_kfast, b_nfast, _ = flags((M, N, X, Y, Z, a_idx, b_idx, c_idx))
     return gemm(ctx, step, M=M, N=N, K=K, a=X.buf, w=Y.buf, out=Z.buf, a_idx=a_idx,
                 b_idx=b_idx, c_idx=c_idx, a_kfast=a_kfast, b_nfast=b_nfast, batch=batch,
                 accumulate=accumulate)
