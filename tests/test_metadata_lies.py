@@ -11,6 +11,7 @@ that covers it must fail (issue 29). Which check covers which transformation:
 | activation memory reused by liveness (inference plans) | ``Lowering.liveness`` | the inference plan against the training plan's forward, and placement against live ranges computed apart (below; test_plan.py); its stages by the checks above, which run inference plans too |
 | the sum fold (compiler/fusion.py: an add only a norm reads is not computed) | the count of the add's readers (``fusion.readers``), ``Op.is_sum``, ``Op.takes_sum`` | gradients against central differences and the loss against the reference (below; test_norm_pool.py) |
 | the CPU gathers (conv1d's and multi_window_conv's input gradient as a product and a gather) | the gathered scratch's range and index maths | the extents and order checks on CPU-form plans, and gradients against finite differences (test_gradients.py, test_fuzz.py) |
+| the epilogue fusion (compiler/fusion.py: an expr computed as the matmul it reads stores) | the count of the product's readers (``fusion.readers``), ``Op.epilogue_source``, ``Op.takes_epilogue`` | the loss against the reference and gradients against central differences (below) |
 """
 import importlib
 
@@ -125,3 +126,28 @@ def test_live_ranges_that_end_too_early_fail_the_reuse_checks(monkeypatch):
         name: (first, first) for name, (first, last) in real(self).items()})
     with pytest.raises(AssertionError):
         test_plan.test_inference_plan_reuses_activation_memory_and_computes_the_same()
+
+
+def test_a_product_said_to_have_one_reader_fails_the_reference_check(monkeypatch):
+    """z = x·Wᵀ read by a sum and then by tanh(z + b): fused as if tanh were z's one reader, the
+    product runs at tanh's place, after the sum has read z."""
+    import numpy as np
+
+    def graph():
+        g = kn.Graph("epilogue_lie")
+        x = g.input("x", (3, 4))
+        z = kn.matmul(x, g.parameter("w", (5, 4)), transpose_b=True)
+        s = kn.sum(z, axis=-1, keepdims=True)                                  # (3, 1)
+        h = kn.expr("tanh(z + b)", z=z, b=g.parameter("b", (5,)))
+        g.output("y", kn.expr("h * s", h=h, s=s))
+        return g
+
+    def ref(P, f):
+        z = f["x"] @ P["w"].T
+        return {"y": np.tanh(z + P["b"]) * z.sum(axis=-1, keepdims=True)}
+    fusion = importlib.import_module("kilnet.compiler.fusion")
+    m = check_gradients(graph(), {"y": "mse"}, 2, ref)                 # the truth passes
+    assert m.plan.graph.node("expr_1").meta["epilogue"] is None          # z has two readers
+    monkeypatch.setattr(fusion, "readers", lambda graph: {n.name: 1 for n in graph.nodes})
+    with pytest.raises(AssertionError):
+        check_gradients(graph(), {"y": "mse"}, 2, ref)

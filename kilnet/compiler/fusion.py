@@ -1,5 +1,6 @@
-"""Two passes over the graph that record their decisions in ``node.meta``: the activation-
-derivative fusion and the sum fold.
+"""Three passes over the graph that record their decisions in ``node.meta``: the activation-
+derivative fusion, the sum fold and the epilogue fusion (``fuse_epilogues``: an expr computed
+as the product it reads stores its output).
 
 A layer with an activation (``Op.preactivation``) turns its output gradient dy into dz = dy·act'
 (of its kept pre-activation z, or of its output) with a launch of its own. When that gradient has exactly one writer, and the
@@ -39,15 +40,49 @@ def inputs_of(node):
 
 
 def readers(graph):
-    """{node name: how many times it is read}: once per (consumer, input) and per graph output
-    it is."""
+    """{node name: how many times it is read}: once per (consumer, input), per graph output it
+    is and per loss on it."""
     count = {}
     for node in graph.nodes:
         for inp in node.inputs:
             count[inp.name] = count.get(inp.name, 0) + 1
-    for node in graph.outputs.values():
+    for node in list(graph.outputs.values()) + [x.node for x in graph.losses]:
         count[node.name] = count.get(node.name, 0) + 1
     return count
+
+
+def fuse_epilogues(graph, batch, dead=(), count=None):
+    """Record the epilogue fusion's decisions in ``node.meta`` (every node's entries
+    rewritten): an op that can be computed from a product's output as the product stores it
+    (``Op.epilogue_source``: an expr of the product and of per-column values, as z + b or
+    tanh(z + b)), where that product (``Op.product``, ``Op.takes_epilogue``) has no other
+    reader (``count``: ``readers``), gets ``meta["epilogue"]`` = the input index, and the
+    product ``meta["fused_into"]`` = its name. The lowering then emits the product at the
+    reader's place in the plan, storing both values, and no launch of the reader's forward.
+    What it trusts: the count of the product's readers (a reader placed between the two would
+    read the product before it is computed); the gradient and reference checks fail where it is
+    wrong (tests/test_metadata_lies.py)."""
+    count = readers(graph) if count is None else count
+    for node in graph.nodes:
+        node.meta["epilogue"], node.meta["fused_into"] = None, None
+    for node in graph.nodes:
+        if node.op == "input" or node.name in dead or folded(node):
+            continue
+        k = get_op(node.op).epilogue_source(node, batch)
+        if k is None:
+            continue
+        src = node.inputs[k]
+        sop = get_op(src.op)
+        if src.name in dead or count.get(src.name) != 1 or src.meta["fused_into"] or \
+                not sop.product or not sop.takes_epilogue(src, batch):
+            continue
+        node.meta["epilogue"] = k
+        src.meta["fused_into"] = node.name
+
+
+def fused(node):
+    """Whether ``node``'s forward is computed by the launch of the node it is fused into."""
+    return node.meta.get("fused_into") is not None
 
 
 def fold_sums(graph, dead=(), count=None):

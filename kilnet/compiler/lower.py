@@ -25,7 +25,8 @@ from ..policy.target import GPU
 from ..runtime import abi
 from . import objective, plan_kernel, render, resident, summed_updates
 from .context import Context
-from .fusion import fold_sums, folded, fuse_activation_derivatives, grad_writers, root
+from .fusion import (fold_sums, folded, fuse_activation_derivatives, fuse_epilogues, fused,
+                     grad_writers, root)
 from .render import Renderer
 
 
@@ -153,10 +154,17 @@ class Lowering:
             if node.op == "input":
                 self.value_buffer(node)
                 continue
-            if op.is_view or node.name in self.dead or folded(node):
+            if op.is_view or node.name in self.dead or folded(node) or fused(node):
                 continue
-            self.emit(node.name, Phase.FORWARD if training else Phase.INFER,
-                      op.forward(node, Context(self, node, training)))
+            phase = Phase.FORWARD if training else Phase.INFER
+            k = node.meta.get("epilogue")
+            if k is not None:          # the product of input k computes this node as it stores
+                src = node.inputs[k]
+                spec = op.epilogue(node, Context(self, node, training), k)
+                self.emit(src.name, phase, get_op(src.op).forward(
+                    src, Context(self, src, training), epilogue=spec))
+                continue
+            self.emit(node.name, phase, op.forward(node, Context(self, node, training)))
             if training and op.mode_dependent:
                 self.emit(node.name, Phase.INFER, op.forward(node, Context(self, node, False, "_infer")),
                           suffix="_infer")
@@ -385,6 +393,7 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
     lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target, ranks,
                   seed, rank)
     fold_sums(graph, {n.name for n in dead})
+    fuse_epilogues(graph, batch, {n.name for n in dead})
     lo.declare_params()
     lo.forward()
     if lo.trains:

@@ -216,6 +216,9 @@ class Op:
     #                            what is computed from them alone) and broadcasts them over the
     #                            batch: the primitives; the catalogue's ops take per-sample values
     passes_gradient = True     # False: no gradient flows into the inputs (stop_gradient)
+    product = False            # its forward is a product that can take an epilogue: an expr of
+    #                            its output computed as it stores (``takes_epilogue``;
+    #                            compiler/fusion.py's epilogue fusion)
     stored = False             # the node's value is its own parameter or state (Param name "":
     #                            g.parameter, g.constant): no launch computes it
     mode_dependent = False     # forward differs between training and inference (batch norm): a
@@ -290,6 +293,16 @@ class Op:
         (kilnet/deploy/onnx.py's `Emitter`); returns the name of the tensor holding it. An op
         without this method cannot be exported to ONNX, and export_onnx says so by name."""
         raise NotImplementedError
+
+    def takes_epilogue(self, node, batch):
+        """Whether this ``product`` op's forward at ``batch`` can store an expr of its output
+        as well (its forward then takes ``epilogue=``)."""
+        return False
+
+    def epilogue_source(self, node, batch):
+        """The input whose value this op can compute from in a product's epilogue (an expr of
+        one product and of values per column of it), or None."""
+        return None
 
     def outer_gradients(self, node, ctx):
         """{param name: `OuterGradient`} for parameters whose gradient is a sum of outer

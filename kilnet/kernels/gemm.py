@@ -18,8 +18,12 @@ GEMV_ROWS = 4              # up to this many rows, a GPU product along k is a re
 
 
 def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast, batch=1,
-         a_pred=None, bias=None, act="none", z=None, accumulate=False, dscale=None):
+         a_pred=None, bias=None, act="none", z=None, accumulate=False, dscale=None, cols=()):
     """out[C_IDX] (=|+=) act(bias[n] + Σ_k a[A_IDX]·w[B_IDX]), keeping the pre-activation in z.
+
+    ``act``: an activation's name, or a ``Formula`` (printed C in x, the sum, and c0, c1, …,
+    the values at column n of the per-column buffers ``cols``): an expr fused into the product
+    that computes its input (compiler/fusion.py's epilogue fusion).
 
     dscale=(kind, zin): an input gradient that is the only contribution to a layer's output
     gradient is multiplied by that layer's act'(zin) as it is stored, so the layer needs no
@@ -48,11 +52,11 @@ def gemm(ctx, step, *, M, N, K, a, w, out, a_idx, b_idx, c_idx, a_kfast, b_nfast
         return _grouped(ctx, step, consts, a, w, out, bias, accumulate, act, batch, z, dscale,
                         written_extent)
     buffers = {"a": a, "w": w, "out": out}
-    epilogue(consts, buffers, accumulate, bias, act, z, dscale, written_extent)
+    epilogue(consts, buffers, accumulate, bias, act, z, dscale, written_extent, cols)
     # A k-split's partial products are summed per output element by a column sum that then
     # applies the epilogue, so the output must be one contiguous M×N block (b is 0 at batch 1).
     splittable = batch == 1 and index.is_rows_of(c_idx, N)
-    epi = dict(accumulate=accumulate, bias=bias, act=act, z=z, dscale=dscale)
+    epi = dict(accumulate=accumulate, bias=bias, act=act, z=z, dscale=dscale, columns=cols)
     if ctx.target.kind == "cpu":
         return _on_vectors(ctx, step, consts, buffers, a, w, out, a_idx, b_idx, a_pred,
                            M=M, N=N, K=K, batch=batch, splittable=splittable, epi=epi)
@@ -159,18 +163,27 @@ class Epilogue:
     store_z: bool              # x is kept in buffer z (the pre-activation)
     act: str                   # act(x), printed C
     dact: str = None           # act'(zz), printed C: the derivative of the layer below, or None
+    cols: int = 0              # per-column values c0, c1, … that act reads (loaded as bias is)
 
     @property
     def dscale(self):
         return self.dact is not None
 
 
-def epilogue(consts, buffers, accumulate, bias, act, z, dscale, extent=None):
+class Formula(str):
+    """An epilogue's act written out: printed C in x and the per-column values c0, c1, …"""
+
+
+def epilogue(consts, buffers, accumulate, bias, act, z, dscale, extent=None, cols=()):
     """The epilogue (``consts["ep"]``) and the buffers templates/epilogue.cl.j2 reads;
     ``extent``: the elements of out (and z) from their start that the launch writes (None: all
-    of them)."""
-    consts["ep"] = Epilogue(accumulate, bias is not None, z is not None, symbolic.forward_c(act),
-                            None if dscale is None else symbolic.derivative_c(dscale[0], "zz"))
+    of them); ``cols``: the per-column buffers a ``Formula`` act reads."""
+    printed = act if isinstance(act, Formula) else symbolic.forward_c(act)
+    consts["ep"] = Epilogue(accumulate, bias is not None, z is not None, printed,
+                            None if dscale is None else symbolic.derivative_c(dscale[0], "zz"),
+                            len(cols))
+    for j, buf in enumerate(cols):
+        buffers[f"col{j}"] = buf
     buffers["out"] = written(buffers["out"], accumulate, extent)
     for name, buf in (("bias", bias), ("z", z and written(z, extent=extent)),
                       ("zin", dscale and dscale[1])):
@@ -298,7 +311,7 @@ def _vec_kernel(ctx, step, consts, buffers, batch, s, groups=1, k_slices=False):
 
 
 def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, bias_period=None,
-               act="none", z=None, dscale=None):
+               act="none", z=None, dscale=None, columns=()):
     """out[n] (=|+=) act(Σ_r src[r·cols + n] + bias[n % bias_period]), keeping the sum in z:
     bias gradients, and split-K partials with their product's epilogue.
 
@@ -317,9 +330,9 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
     items = round_up(-(-cols // V), LX)
     if split == 1:
         buffers = {"src": src, "out": out}
-        epilogue(consts, buffers, accumulate, bias, act, z, dscale, cols)
+        epilogue(consts, buffers, accumulate, bias, act, z, dscale, cols, columns)
         plain = not accumulate and bias is None and act == "none" and z is None and \
-            dscale is None
+            dscale is None and not columns
         return [dataclasses.replace(kernel(step, "column_sum", consts, buffers, (items, LY),
                                            s.local), sums=(src, rows, cols) if plain else None)]
     partial = ctx.scratch(f"{step}.partial", split * cols)
@@ -328,4 +341,4 @@ def column_sum(ctx, step, *, rows, cols, src, out, accumulate=False, bias=None, 
     return [kernel(step, "column_sum", consts, slices, (items, LY, split), s.local + (1,))] + \
         column_sum(ctx, f"{step}_reduce", rows=split, cols=cols, src=partial, out=out,
                    accumulate=accumulate, bias=bias, bias_period=bias_period, act=act, z=z,
-                   dscale=dscale)
+                   dscale=dscale, columns=columns)

@@ -27,7 +27,8 @@ from functools import lru_cache
 
 from ..graph import Value
 from ..kernels import broadcast as bc
-from ..kernels.base import GraphError, Op, need, out, register
+from ..kernels.base import GraphError, Op, get_op, need, out, register
+from ..kernels.gemm import Formula
 from ..kernels.programs import map_program, reduce_program
 from ..kernels.reduce import launch as reduce_launch
 from ..policy import formula as formulas
@@ -161,6 +162,29 @@ class Expr(Op):
             ks.append(reduce_launch(ctx, step, grid, bufs, [pass_],
                                     [(f"din{k}", f"s{k}", ctx.acc(k)) for k in group]))
         return ks
+
+    def epilogue_source(self, node, batch):
+        """Input k when this expr can be computed in the epilogue of the product that makes
+        input k: k's value has the output's full shape, and every other input is one value per
+        column (no batch axis, every axis but the last of size 1, the last the output's)."""
+        F = bc.full(node, batch)
+        xs = _operands(node, batch)
+        for k, v in enumerate(node.inputs):
+            if tuple(xs[k]) != F or not get_op(v.op).product:
+                continue
+            others = [x for j, x in enumerate(xs) if j != k]
+            if all(d == 1 for x in others for d in x[:-1]) and \
+                    all(x[-1] == F[-1] for x in others):
+                return k
+        return None
+
+    def epilogue(self, node, ctx, k):
+        """(out, Formula, per-column buffers): this expr as the epilogue of input k's product
+        (``epilogue_source``)."""
+        e, syms = parsed(node)
+        others = [j for j in range(len(node.inputs)) if j != k]
+        rename = {syms[k]: "x", **{syms[j]: f"c{n}" for n, j in enumerate(others)}}
+        return ctx.y, Formula(formulas.to_c(e, rename)), [ctx.x(j) for j in others]
 
     def onnx(self, node, e):
         ex, syms = parsed(node)

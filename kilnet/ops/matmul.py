@@ -88,76 +88,127 @@ def _rows_run(x):
     return not x.t or x.I == 1 or x.J == 1
 
 
-def product(ctx, step, X, Y, Z, P, accumulate=False):
-    """Launches computing Z (=|+=) X·Y for every product of full product axes ``P`` (each
-    operand's ``P`` broadcasts to it; Z's may be stretched: then the products are summed)."""
+@dataclass(frozen=True)
+class Gemm:
+    """One product on the GEMM skeleton: C[c_idx] = Σ_k A[a_idx]·B[b_idx] for m < M, n < N over
+    ``batch`` z-entries; ``columns``: its n runs along the last axis of the output matrix (an
+    epilogue's per-column values can then follow n)."""
+    M: int
+    N: int
+    K: int
+    X: Matrix
+    Y: Matrix
+    Z: Matrix
+    a_idx: object
+    b_idx: object
+    c_idx: object
+    batch: int
+    columns: bool = True
+
+    @property
+    def T(self):
+        """The same product as Zᵀ = Yᵀ·Xᵀ."""
+        m, n, k, b = index.symbols()
+        swap = {m: n, n: m}
+        return Gemm(self.N, self.M, self.K, self.Y.T, self.X.T, self.Z.T,
+                    self.b_idx.xreplace(swap), self.a_idx.xreplace(swap),
+                    self.c_idx.xreplace(swap), self.batch, not self.columns)
+
+    def flags(self):
+        """(a_kfast, b_nfast, c_nfast): A along k; B along n (where not both along k: the
+        k-vector form); rows of C contiguous."""
+        m, n, k, b = index.symbols()
+        sa, sb = index.strides(self.a_idx, (m, k)), index.strides(self.b_idx, (k, n))
+        sc = index.strides(self.c_idx, (m, n))
+        a_kfast = sa is not None and sa[k] == 1
+        kvec = a_kfast and sb is not None and sb[k] == 1
+        b_nfast = not kvec and sb is not None and sb[n] == 1
+        return a_kfast, b_nfast, sc is not None and sc[n] == 1
+
+    def buildable(self):
+        """Whether the CPU forms can run it: A along k, or B along n."""
+        a_kfast, b_nfast, _ = self.flags()
+        return a_kfast or b_nfast
+
+
+def plan(X, Y, Z, P):
+    """The one product that computes Z = X·Y for every product of full product axes ``P``, or
+    None where Z is stretched over them and no one product sums them (then: ``product``'s
+    products into scratch and a sum)."""
     m, n, k, b = index.symbols()
     M, K, N = X.I, X.J, Y.J
     count = math.prod(P)
-    stretched = tuple(Z.P) != tuple(P)
 
     def full(x):
         return tuple(x.P) == tuple(P)
     if count > 1 and full(X) and full(Z) and _shared(Y) and _rows_run(X) and _rows_run(Z):
         # rows (p, m): x·Wᵀ over the batch's rows
-        return _gemm(ctx, step, M * count, N, K, X, Y, Z, m * K + k, Y.element(0, k, n),
-                     m * N + n, 1, accumulate)
+        return Gemm(M * count, N, K, X, Y, Z, m * K + k, Y.element(0, k, n), m * N + n, 1)
     if count > 1 and _shared(X) and full(Y) and full(Z) and _rows_run(Y.T) and _rows_run(Z.T):
         # Zᵀ = Yᵀ·Xᵀ, its rows (p, n): W·v for a column v per sample
-        return _gemm(ctx, step, N * count, M, K, Y.T, X.T, Z.T, m * K + k,
-                     X.T.element(0, k, n), m * M + n, 1, accumulate)
+        return Gemm(N * count, M, K, Y.T, X.T, Z.T, m * K + k, X.T.element(0, k, n),
+                    m * M + n, 1, False)
     if count > 1 and _shared(Z) and full(X) and full(Y) and _rows_run(X.T) and _rows_run(Y):
         # one product summing over (p, k): a shared operand's gradient (dense's weight's)
-        return _gemm(ctx, step, M, N, K * count, X, Y, Z, k * M + m, k * N + n,
-                     Z.element(0, m, n), 1, accumulate)
+        return Gemm(M, N, K * count, X, Y, Z, k * M + m, k * N + n, Z.element(0, m, n), 1)
+    if tuple(Z.P) != tuple(P):
+        return None
     grid = bc.Grid(P, [X.P, Y.P, Z.P])
     i = bc.symbols()[0]
 
     def base(x):
         return grid.index(x.P).subs(i, b)
-    if not stretched:
-        return _gemm(ctx, step, M, N, K, X, Y, Z, X.element(base(X), m, k),
-                     Y.element(base(Y), k, n), Z.element(b, m, n) if tuple(Z.P) == tuple(P)
-                     else Z.element(base(Z), m, n), count, accumulate)
+    return Gemm(M, N, K, X, Y, Z, X.element(base(X), m, k), Y.element(base(Y), k, n),
+                Z.element(b, m, n), count)
+
+
+def oriented(g, per_column=False):
+    """``g`` or ``g.T``: one the CPU forms can build and, of those, one that stores rows of its
+    C contiguously (a product storing along m scatters its blocks: dense's weight gradient stored
+    transposed took 6x the time). ``per_column``: only an orientation whose n runs along the
+    output's last axis (an epilogue reads per-column values by n), or None."""
+    forms = [f for f in (g, g.T) if not per_column or f.columns]
+    ranked = sorted(forms, key=lambda f: (f.buildable(), f.flags()[2]), reverse=True)
+    return ranked[0] if ranked and (ranked[0].buildable() or not per_column) else None
+
+
+def product(ctx, step, X, Y, Z, P, accumulate=False, epilogue=None):
+    """Launches computing Z (=|+=) X·Y for every product of full product axes ``P`` (each
+    operand's ``P`` broadcasts to it; Z's may be stretched: then the products are summed).
+    ``epilogue``: (out, Formula, per-column buffers): Z is kept and ``out`` gets the formula of
+    it (an expr fused into the product: ``MatMul.takes_epilogue`` said it can)."""
+    g = plan(X, Y, Z, P)
+    if g is not None:
+        g = oriented(g, per_column=epilogue is not None)
+        if g is None:
+            raise AssertionError(f"{step}: no orientation of the product takes an epilogue")
+        return _gemm(ctx, step, g, accumulate, epilogue)
+    m, n, k, b = index.symbols()
+    M, N = X.I, Y.J
+    count = math.prod(P)
     # the products into scratch, then summed over the axes Z was stretched along
     scratch = ctx.scratch(f"{step}.products", count * M * N)
     W = replace(Z, buf=scratch, P=tuple(P))
-    ks = _gemm(ctx, step, M, N, K, X, Y, W, X.element(base(X), m, k), Y.element(base(Y), k, n),
-               W.element(b, m, n), count, False)
+    ks = _gemm(ctx, step, oriented(plan(X, Y, W, P)), False)
     S, ZS = tuple(P) + (M * N,), tuple(Z.P) + (M * N,)
-    g = bc.Grid(S, [ZS], reduced=bc.stretched(ZS, S))
-    let, x, vec = load(g, "src", S, "j")
-    return ks + [reduce_launch(ctx, f"{step}_sum", g, {"src": scratch,
-                                                      "out": out(Z.buf, accumulate)},
+    grid = bc.Grid(S, [ZS], reduced=bc.stretched(ZS, S))
+    let, x, vec = load(grid, "src", S, "j")
+    return ks + [reduce_launch(ctx, f"{step}_sum", grid, {"src": scratch,
+                                                         "out": out(Z.buf, accumulate)},
                                [dict(lets=[let, ("T", "x", x)], accs=[("s", "+", "x")],
                                      vector=vec)], [("out", "s", accumulate)])]
 
 
-def _gemm(ctx, step, M, N, K, X, Y, Z, a_idx, b_idx, c_idx, batch, accumulate):
-    """One product on the GEMM skeleton, as Z = X·Y or as Zᵀ = Yᵀ·Xᵀ, whichever runs its
-    operands the way the CPU forms need (A along k, or B along n: the other cannot be built)
-    and, of those, stores rows of Z contiguously (a product that stores along m scatters its
-    blocks: dense's weight gradient stored transposed took 6x the time)."""
-    m, n, k, b = index.symbols()
-    swap = {m: n, n: m}
-    forms = [(M, N, X, Y, Z, a_idx, b_idx, c_idx),
-             (N, M, Y.T, X.T, Z.T, b_idx.xreplace(swap), a_idx.xreplace(swap),
-              c_idx.xreplace(swap))]
-
-    def flags(f):
-        _, _, _, _, _, ai, bi, ci = f
-        sa, sb, sc = index.strides(ai, (m, k)), index.strides(bi, (k, n)), \
-            index.strides(ci, (m, n))
-        a_kfast = sa is not None and sa[k] == 1
-        kvec = a_kfast and sb is not None and sb[k] == 1
-        b_nfast = not kvec and sb is not None and sb[n] == 1
-        return a_kfast, b_nfast, sc is not None and sc[n] == 1
-    scored = [(flags(f)[0] or flags(f)[1], flags(f)[2], -i, f) for i, f in enumerate(forms)]
-    _, _, _, (M, N, X, Y, Z, a_idx, b_idx, c_idx) = max(scored, key=lambda s: s[:3])
-    a_kfast, b_nfast, _ = flags((M, N, X, Y, Z, a_idx, b_idx, c_idx))
-    return gemm(ctx, step, M=M, N=N, K=K, a=X.buf, w=Y.buf, out=Z.buf, a_idx=a_idx,
-                b_idx=b_idx, c_idx=c_idx, a_kfast=a_kfast, b_nfast=b_nfast, batch=batch,
-                accumulate=accumulate)
+def _gemm(ctx, step, g, accumulate, epilogue=None):
+    """Product ``g``'s launch (kernels/gemm.py), with an expr's formula as its epilogue."""
+    extra = {}
+    if epilogue is not None:
+        target, formula, cols = epilogue
+        extra = dict(out=target, z=g.Z.buf, act=formula, cols=cols)
+    return gemm(ctx, step, **dict(dict(
+        M=g.M, N=g.N, K=g.K, a=g.X.buf, w=g.Y.buf, out=g.Z.buf, a_idx=g.a_idx, b_idx=g.b_idx,
+        c_idx=g.c_idx, a_kfast=g.flags()[0], b_nfast=g.flags()[1], batch=g.batch,
+        accumulate=accumulate), **extra))
 
 
 def _matrices(node, batch):
@@ -183,6 +234,7 @@ class MatMul(Op):
     kind = "matmul"
     builder = matmul
     open = True
+    product = True             # an expr of its output may be fused into it (takes_epilogue)
 
     def infer(self, node):
         for f in ("transpose_a", "transpose_b"):
@@ -202,10 +254,20 @@ class MatMul(Op):
         lead = lead if (a.shape[:-2] or b.shape[:-2]) else ()
         return tuple(lead) + (M, N)
 
-    def forward(self, node, ctx):
+    def takes_epilogue(self, node, batch):
+        """Whether the forward is one product whose columns run along the output's last axis,
+        in an orientation the CPU forms build: an expr of it and of per-column values can then
+        be computed as it stores (compiler/fusion.py's epilogue fusion)."""
+        A, B, C, P = _matrices(node, batch)
+        g = plan(A, B, C, P)
+        return g is not None and oriented(g, per_column=True) is not None
+
+    def forward(self, node, ctx, epilogue=None):
+        """The product; with ``epilogue`` (out, Formula, per-column buffers) also an expr of
+        it, stored in out as the product is stored (``takes_epilogue``)."""
         A, B, C, P = _matrices(node, ctx.batch)
         return product(ctx, "forward", replace(A, buf=ctx.x(0)), replace(B, buf=ctx.x(1)),
-                       replace(C, buf=ctx.y), P)
+                       replace(C, buf=ctx.y), P, epilogue=epilogue)
 
     def backward(self, node, ctx):
         A, B, C, P = _matrices(node, ctx.batch)
