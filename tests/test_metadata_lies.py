@@ -12,6 +12,7 @@ that covers it must fail (issue 29). Which check covers which transformation:
 | the sum fold (compiler/fusion.py: an add only a norm reads is not computed) | the count of the add's readers (``fusion.readers``), ``Op.is_sum``, ``Op.takes_sum`` | gradients against central differences and the loss against the reference (below; test_norm_pool.py) |
 | the CPU gathers (conv1d's and multi_window_conv's input gradient as a product and a gather) | the gathered scratch's range and index maths | the extents and order checks on CPU-form plans, and gradients against finite differences (test_gradients.py, test_fuzz.py) |
 | the epilogue fusion (compiler/fusion.py: an expr computed as the matmul it reads stores) | the count of the product's readers (``fusion.readers``), ``Op.epilogue_source``, ``Op.takes_epilogue`` | the loss against the reference and gradients against central differences (below) |
+| the formula fold (compiler/fusion.py: an expr computed by the reduction that reads it, never stored) | the count of the expr's readers, ``Op.formula``, ``Op.folds_formula`` | the loss against the reference and gradients against central differences (below; test_fusions.py bit for bit) |
 """
 import importlib
 
@@ -148,6 +149,27 @@ def test_a_product_said_to_have_one_reader_fails_the_reference_check(monkeypatch
     fusion = importlib.import_module("kilnet.compiler.fusion")
     m = check_gradients(graph(), {"y": "mse"}, 2, ref)                 # the truth passes
     assert m.plan.graph.node("expr_1").meta["epilogue"] is None          # z has two readers
+    monkeypatch.setattr(fusion, "readers", lambda graph: {n.name: 1 for n in graph.nodes})
+    with pytest.raises(AssertionError):
+        check_gradients(graph(), {"y": "mse"}, 2, ref)
+
+
+def test_a_formula_said_to_have_one_reader_fails_the_reference_check(monkeypatch):
+    """h = x·w read by a sum and by a dense layer: folded into the sum as if it were h's one
+    reader, h is never stored, and the dense layer reads what its buffer held."""
+    import numpy as np
+
+    def graph():
+        g = kn.Graph("fold_lie")
+        h = kn.expr("x * w", x=g.input("x", (3,)), w=g.parameter("w", (3,)))
+        g.output("y", kn.concat(kn.sum(h, keepdims=True), h))
+        return g
+
+    def ref(P, f):
+        h = f["x"] * P["w"]
+        return {"y": np.concatenate([h.sum(axis=1, keepdims=True), h], axis=1)}
+    fusion = importlib.import_module("kilnet.compiler.fusion")
+    check_gradients(graph(), {"y": "mse"}, 2, ref)                     # the truth passes
     monkeypatch.setattr(fusion, "readers", lambda graph: {n.name: 1 for n in graph.nodes})
     with pytest.raises(AssertionError):
         check_gradients(graph(), {"y": "mse"}, 2, ref)

@@ -1,6 +1,7 @@
 """What an op's lowering sees (``Context``): the buffers of the node it lowers, by name, and the
 lowering's decisions about them (where each input's gradient goes, whether act' is applied
 already). compiler/lower.py makes one per node and pass."""
+from ..kernels.broadcast import full
 from ..ops import get_op
 from ..policy import names
 from ..policy.kinds import NO_DERIVATIVE, DerivKind, Family, Phase, Role
@@ -23,6 +24,18 @@ class Context:
 
     def x(self, i):
         return self._l.value_buffer(self.inputs[i])
+
+    def folded_formula(self):
+        """Where the formula fold put input 0's formula here (compiler/fusion.py
+        ``fold_formulas``): (SymPy expression, [(symbol, kernel argument, full shape, buffer)])
+        over that input's own inputs, to compute as this node reads it; else None."""
+        if self.node.meta.get("formula_input") is None:
+            return None
+        src = self.node.inputs[0]
+        expr, syms = get_op(src.op).formula(src)
+        rank = len(src.shape)
+        return expr, [(sym, f"f{k}", full(v, self.batch, rank), self._l.value_buffer(v))
+                      for k, (sym, v) in enumerate(zip(syms, src.inputs)) if sym in expr.free_symbols]
 
     def schedule(self, step, kind=Family.MAP, **shape):
         """The target's schedule (policy/schedule.py) of this node's launch ``step``, of family

@@ -1,6 +1,7 @@
-"""Three passes over the graph that record their decisions in ``node.meta``: the activation-
-derivative fusion, the sum fold and the epilogue fusion (``fuse_epilogues``: an expr computed
-as the product it reads stores its output).
+"""Passes over the graph that record their decisions in ``node.meta``: the activation-
+derivative fusion, the sum fold, the epilogue fusion (``fuse_epilogues``: an expr computed
+as the product it reads stores its output) and the formula fold (``fold_formulas``: an expr
+computed by the reduction that reads it).
 
 A layer with an activation (``Op.preactivation``) turns its output gradient dy into dz = dy·act'
 (of its kept pre-activation z, or of its output) with a launch of its own. When that gradient has exactly one writer, and the
@@ -77,6 +78,32 @@ def fuse_epilogues(graph, batch, dead=(), count=None):
                 not sop.product or not sop.takes_epilogue(src, batch):
             continue
         node.meta["epilogue"] = k
+        src.meta["fused_into"] = node.name
+
+
+def fold_formulas(graph, target, dead=(), count=None, keep=()):
+    """Record the formula fold's decisions in ``node.meta`` (every node's entries rewritten):
+    a reduction or softmax that can compute its input from that input's formula as it reads it
+    (``Op.folds_formula``), where the input is a formula (``Op.formula``: an expr) with no other
+    reader (``count``) that no other fusion computes, gets ``meta["formula_input"]`` = the
+    input's name, and the input ``meta["fused_into"]`` = the reader's: the input is never
+    stored (its backward reads its own inputs and gradient, not its value). W5's scores,
+    masked and scaled by an expr, then go straight into the softmax; RMSNorm's mean of x·x
+    reads x. What it trusts: the count of the formula's readers; the gradient and reference
+    checks fail where it is wrong (tests/test_metadata_lies.py). ``keep``: nodes whose input
+    must be stored (an op computing a loss from its input: softmax's cross-entropy)."""
+    count = readers(graph) if count is None else count
+    for node in graph.nodes:
+        node.meta["formula_input"] = None
+    for node in graph.nodes:
+        if node.op == "input" or node.name in dead or folded(node) or not node.inputs or \
+                node.name in keep or not get_op(node.op).folds_formula(node, target):
+            continue
+        src = node.inputs[0]
+        if src.name in dead or count.get(src.name) != 1 or src.meta.get("fused_into") or \
+                src.meta.get("epilogue") is not None or get_op(src.op).formula(src) is None:
+            continue
+        node.meta["formula_input"] = src.name
         src.meta["fused_into"] = node.name
 
 

@@ -25,8 +25,8 @@ from ..policy.target import GPU
 from ..runtime import abi
 from . import objective, plan_kernel, render, resident, summed_updates
 from .context import Context
-from .fusion import (fold_sums, folded, fuse_activation_derivatives, fuse_epilogues, fused,
-                     grad_writers, root)
+from .fusion import (fold_formulas, fold_sums, folded, fuse_activation_derivatives,
+                     fuse_epilogues, fused, grad_writers, root)
 from .render import Renderer
 
 
@@ -394,6 +394,9 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                   seed, rank)
     fold_sums(graph, {n.name for n in dead})
     fuse_epilogues(graph, batch, {n.name for n in dead})
+    fold_formulas(graph, target, {n.name for n in dead}, keep={
+        graph.outputs[o].name for o, kind in loss.items()
+        if kind in get_op(graph.outputs[o].op).fused_losses})
     lo.declare_params()
     lo.forward()
     if lo.trains:

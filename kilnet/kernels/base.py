@@ -304,6 +304,17 @@ class Op:
         one product and of values per column of it), or None."""
         return None
 
+    def formula(self, node):
+        """(SymPy expression, one symbol per input) where this op's value is an elementwise
+        formula of its inputs (expr), which a reading op may compute itself
+        (``folds_formula``); else None."""
+        return None
+
+    def folds_formula(self, node, target):
+        """Whether this op, on ``target``, can compute its input 0 from that input's formula
+        as it reads it (``Context.folded_formula``), so that the input is never stored."""
+        return False
+
     def outer_gradients(self, node, ctx):
         """{param name: `OuterGradient`} for parameters whose gradient is a sum of outer
         products over rows that are still intact when the optimizer runs. The op's backward

@@ -59,3 +59,12 @@ def reduce_program(grid, operands, sums):
     lets, printed = _printed([e for _, e in sums], names)
     return dict(lets=idx + vals + lets, accs=[(n, "+", p) for (n, _), p in zip(sums, printed)],
                 vector=ok)
+
+
+def value_lets(grid, operands, expr, name="x"):
+    """(lets, vector ok): the lets of a reduce.cl.j2 pass that give ``name`` the value of SymPy
+    ``expr`` of ``operands`` at the pass's element: an expr computed where a reduction reads it
+    (compiler/fusion.py's formula fold) instead of stored and read back."""
+    idx, vals, names, ok = _reads(grid, operands, False)
+    lets, (printed,) = _printed([expr], names)
+    return idx + vals + lets + [("T", name, printed)], ok

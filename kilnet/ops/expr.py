@@ -163,6 +163,9 @@ class Expr(Op):
                                     [(f"din{k}", f"s{k}", ctx.acc(k)) for k in group]))
         return ks
 
+    def formula(self, node):
+        return parsed(node)
+
     def epilogue_source(self, node, batch):
         """Input k when this expr can be computed in the epilogue of the product that makes
         input k: k's value has the output's full shape, and every other input is one value per

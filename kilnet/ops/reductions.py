@@ -31,6 +31,7 @@ from ..graph import graph_of
 from ..kernels import broadcast as bc
 from ..kernels import index
 from ..kernels.base import GraphError, Op, need, out, register
+from ..kernels.programs import value_lets
 from ..kernels.reduce import launch as reduce_launch, load
 from .add import map_stores
 
@@ -130,16 +131,23 @@ class _Reduction(Op):
     def _arg(self, node, ctx):
         return ctx.scratch("arg", (ctx.batch if node.batched else 1) * node.size)
 
+    def folds_formula(self, node, target):
+        return node.op in ("sum", "mean")      # their backward reads no input
+
     def forward(self, node, ctx):
         kind, axes = node.op, tuple(node.attrs["axis"])
         F, grid = _grid(node, ctx.batch, axes)
         let, x, vec = load(grid, "inp", F, "j")
-        bufs = {"inp": ctx.x(0), "out": out(ctx.y)}
         R = grid.reductions
         if kind in ("sum", "mean"):
-            passes = [dict(lets=[let, ("T", "x", x)], accs=[("s", "+", "x")], vector=vec)]
+            grid, lets, bufs, vec = reading(F, [a + 1 for a in axes], ctx.x(0) if not
+                                            node.meta.get("formula_input") else None,
+                                            ctx.folded_formula())
+            bufs["out"] = out(ctx.y)
+            passes = [dict(lets=lets, accs=[("s", "+", "x")], vector=vec)]
             post = [("out", "s" if kind == "sum" else f"s / (real){R}", False)]
         else:
+            bufs = {"inp": ctx.x(0), "out": out(ctx.y)}
             op = "min" if kind == "min" else "max"
             passes = [dict(lets=[let, ("T", "x", x)], accs=[("m", op, "x")], vector=vec)]
             post = [("out", "m", False)]
@@ -209,6 +217,55 @@ for _kind in KINDS:
     register(type(f"Reduce_{_kind}", (_Reduction,), dict(kind=_kind, builder=globals()[_kind])))
 
 
+def reading(F, reduced, inp, formula):
+    """(grid, lets that give x (the input's value) and j (its index), buffers, whether a
+    vector walk can read them) of a reduction of buffer ``inp`` of full shape F over axes
+    ``reduced``; with ``formula`` (Context.folded_formula) x is computed from the input's own
+    inputs, the input never stored (compiler/fusion.py's formula fold)."""
+    if formula is None:
+        grid = bc.Grid(F, [F], reduced=reduced)
+        let, x, vec = load(grid, "inp", F, "j")
+        return grid, [let, ("T", "x", x)], {"inp": inp}, vec
+    expr, operands = formula
+    grid = bc.Grid(F, [shape for _, _, shape, _ in operands], reduced=reduced)
+    lets, vec = value_lets(grid, [(sym, arg, shape) for sym, arg, shape, _ in operands], expr)
+    j = ("int", "j", index.c(grid.index(F)))
+    return grid, [j] + lets, {arg: buf for _, arg, _, buf in operands}, \
+        vec and grid.contiguous(F) is not None
+
+
+def along_axis_forward(ctx, softmax, F, axes, inp, y, formula=None):
+    """The launch of softmax (or log-softmax) of buffer ``inp`` of full shape F along its axes
+    ``axes`` (adjacent: one row each) into ``y``: per row, the maximum, the sum of e^(x − m), then each value. Also
+    softmax's own forward on CPUs (ops/softmax.py), where a work-item per row walking vectors
+    ran W5's scores 3-5x faster than a work-group per row. ``formula``: see ``reading``."""
+    grid, lets, bufs, vec = reading(F, axes, inp, formula)
+    first = dict(lets=lets, accs=[("m", "max", "x")], vector=vec)
+    second = dict(lets=lets, accs=[("s", "+", "exp(x - m)")], vector=vec)
+    value = "exp(x - m) / s" if softmax else "x - m - log(s)"
+    third = dict(lets=lets, stores=[("out", "j", value, False)], vector=vec)
+    return reduce_launch(ctx, "forward", grid, dict(bufs, out=out(y)), [first, second, third], [])
+
+
+def along_axis_backward(ctx, softmax, F, axes, y, dy, dx, acc):
+    """dx (=|+=) y·(dy − Σ y·dy) (softmax) or dy − e^y·Σ dy (log-softmax) along ``axes``, from
+    the output y."""
+    grid = bc.Grid(F, [F], reduced=axes)
+    let, yv, vec = load(grid, "out", F, "j")
+    g = yv.replace("out", "dout")
+    if softmax:
+        first = dict(lets=[let, ("T", "y", yv), ("T", "g", g)], accs=[("d", "+", "y * g")],
+                     vector=vec)
+        value = "y * (g - d)"
+    else:
+        first = dict(lets=[let, ("T", "g", g)], accs=[("d", "+", "g")], vector=vec)
+        value = "g - exp(y) * d"
+    second = dict(lets=[let, ("T", "y", yv), ("T", "g", g)], stores=[("dinp", "j", value, acc)],
+                  vector=vec)
+    return reduce_launch(ctx, "backward_input", grid,
+                         {"out": y, "dout": dy, "dinp": out(dx, acc)}, [first, second], [])
+
+
 class _AlongAxis(Op):
     """softmax and log-softmax along one axis: the row-reduction skeleton over that axis."""
     open = True
@@ -219,36 +276,21 @@ class _AlongAxis(Op):
         node.attrs["axis"] = _axes(node, node.attrs["axis"], len(shape), single=True)[0]
         return shape
 
-    def _grid(self, node, batch):
-        return _grid(node, batch, (node.attrs["axis"],))
+    def folds_formula(self, node, target):
+        return True                            # backward reads the output, not the input
 
     def forward(self, node, ctx):
-        F, grid = self._grid(node, ctx.batch)
-        let, x, vec = load(grid, "inp", F, "j")
-        first = dict(lets=[let, ("T", "x", x)], accs=[("m", "max", "x")], vector=vec)
-        second = dict(lets=[let, ("T", "x", x)], accs=[("s", "+", "exp(x - m)")], vector=vec)
-        value = "exp(x - m) / s" if node.op == "softmax_axis" else "x - m - log(s)"
-        third = dict(lets=[let, ("T", "x", x)], stores=[("out", "j", value, False)], vector=vec)
-        return [reduce_launch(ctx, "forward", grid, {"inp": ctx.x(0), "out": out(ctx.y)},
-                              [first, second, third], [])]
+        F = bc.full(node.inputs[0], ctx.batch)
+        formula = ctx.folded_formula()
+        return [along_axis_forward(ctx, node.op == "softmax_axis", F, [node.attrs["axis"] + 1],
+                                   None if formula else ctx.x(0), ctx.y, formula)]
 
     def backward(self, node, ctx):
         if not ctx.dx(0):
             return []
-        F, grid = self._grid(node, ctx.batch)
-        let, y, vec = load(grid, "out", F, "j")
-        g = y.replace("out", "dout")
-        if node.op == "softmax_axis":
-            first = dict(lets=[let, ("T", "y", y), ("T", "g", g)], accs=[("d", "+", "y * g")],
-                         vector=vec)
-            value = "y * (g - d)"
-        else:
-            first = dict(lets=[let, ("T", "g", g)], accs=[("d", "+", "g")], vector=vec)
-            value = "g - exp(y) * d"
-        second = dict(lets=[let, ("T", "y", y), ("T", "g", g)],
-                      stores=[("dinp", "j", value, ctx.acc(0))], vector=vec)
-        bufs = {"out": ctx.y, "dout": ctx.dy, "dinp": out(ctx.dx(0), ctx.acc(0))}
-        return [reduce_launch(ctx, "backward_input", grid, bufs, [first, second], [])]
+        F = bc.full(node.inputs[0], ctx.batch)
+        return [along_axis_backward(ctx, node.op == "softmax_axis", F, [node.attrs["axis"] + 1],
+                                    ctx.y, ctx.dy, ctx.dx(0), ctx.acc(0))]
 
     def onnx(self, node, e):
         axis = node.attrs["axis"] + (1 if node.batched else 0)

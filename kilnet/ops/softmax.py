@@ -7,8 +7,9 @@ its values, m their maximum. Backward: dx_i = y_i·(dy_i − Σ_j y_j·dy_j) per
 Jacobian). The ``cross_entropy`` loss (mean over the batch of −Σ t·log y, summed over heads)
 needs a softmax output.
 
-Each segment is reduced by one work-group in local memory, subtracting the maximum first (the
-articles' part-32 kernel does neither and double-counts at non-power-of-two sizes).
+Each segment is reduced by one work-group in local memory on GPUs, and by one work-item walking
+it in vectors on CPUs (the row-reduction skeleton, ops/reductions.py), subtracting the maximum
+first (the articles' part-32 kernel does neither and double-counts at non-power-of-two sizes).
 Cross-entropy is computed from the softmax *input* as a log-softmax, and its gradient with respect
 to that input, (y·Σt − t)/B, is written directly: going through −t/y would divide by values that
 underflow to zero in float32. V1's floor of the inputs at −120 and its 1.2e-7 added to the
@@ -17,6 +18,8 @@ sum (docs/ARTICLES.md §1 SoftMax) are not reproduced either.
 from ..graph import graph_of
 from ..kernels.base import GraphError, Op, int_attr, kernel, need, out, register
 from ..policy.kinds import Family
+from ..kernels import broadcast as bc
+from .reductions import along_axis_backward, along_axis_forward
 
 
 def softmax(x, heads=1, axis=None, name=None):
@@ -79,12 +82,43 @@ class Softmax(Op):
         heads = e.reshape(e.x(node), (node.attrs["heads"], node.size // node.attrs["heads"]), "heads")
         return e.reshape(e.op("Softmax", [heads], axis=-1), node.shape)
 
+    def _rows(self, node, ctx):
+        """(full shape, axes) of the segments as rows: (batch, heads, segment), axis 2."""
+        H = node.attrs["heads"]
+        return (ctx.batch, H, node.size // H), [2]
+
+    def _segment_axes(self, node):
+        """The trailing axes of the full shape that one segment spans, or None where a segment
+        is not whole axes."""
+        shape, S = node.inputs[0].shape, node.size // node.attrs["heads"]
+        n = 1
+        for a in range(len(shape) - 1, -1, -1):
+            n *= shape[a]
+            if n == S:
+                return list(range(a + 1, len(shape) + 1))
+            if n > S:
+                return None
+        return None
+
+    def folds_formula(self, node, target):
+        # where the forward is reductions.py's, and a segment is whole trailing axes
+        return target.kind == "cpu" and self._segment_axes(node) is not None
+
     def forward(self, node, ctx):
+        if ctx.target.kind == "cpu":      # a work-item per segment (ops/reductions.py)
+            formula = ctx.folded_formula()
+            if formula is not None:       # the formula's own full shape, its segment's axes
+                return [along_axis_forward(ctx, True, bc.full(node, ctx.batch),
+                                           self._segment_axes(node), None, ctx.y, formula)]
+            return [along_axis_forward(ctx, True, *self._rows(node, ctx), ctx.x(0), ctx.y)]
         return [_launch("forward", node, ctx, "forward", {"inp": ctx.x(0), "out": out(ctx.y)})]
 
     def backward(self, node, ctx):
         if not ctx.dx(0):
             return []
+        if ctx.target.kind == "cpu":
+            return [along_axis_backward(ctx, True, *self._rows(node, ctx), ctx.y, ctx.dy,
+                                        ctx.dx(0), ctx.acc(0))]
         return [_launch("backward_input", node, ctx, "backward",
                         {"out": ctx.y, "dout": ctx.dy, "dinp": out(ctx.dx(0), ctx.acc(0))}, accumulate=ctx.acc(0))]
 
