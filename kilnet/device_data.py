@@ -163,7 +163,7 @@ def _check_data(model, data, call):
     if data.model is not model:
         raise FeedError(f"{call}: this data was uploaded for model {data.model.graph.name!r} "
                         f"(another model object); upload it for this one")
-    if not data.has_targets:
+    if not data.has_targets and model.plan.targets:
         raise FeedError(f"{call}: the data was uploaded without targets; "
                         f"model.upload(feeds, targets) gives it targets for "
                         f"{sorted(model.plan.targets)}")

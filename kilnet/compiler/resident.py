@@ -25,6 +25,8 @@ def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train, lanes):
     as the argument kernels give it, GUARD_ARG."""
     fed = [(b, plan_buffers[b].size // batch) for b in list(feeds.values()) + list(targets.values())]
     losses = [(b, plan_buffers[b].size) for b in loss_parts]
+    if not fed:
+        return None, "the graph has no inputs: there is no data to keep on the device"
     if max(batch * row for _, row in fed) >= 2 ** 31:
         return None, "a fed buffer's batch holds 2^31 elements or more (the gather indexes in int)"
 

@@ -18,7 +18,10 @@ SymPy's derivative is undefined, kilnet's definition holds: ``abs`` and ``relu``
 derivative 0 at 0, ``max``/``min`` send a tie's gradient to the first argument, ``where``'s
 condition gets none (kilnet/policy/formula.py).
 
-The same value passed under two names is one input (its gradient the sum of both terms).
+The same value passed under two names is one input (its gradient the sum of both terms). A
+SymPy expression's Max and Min hold their arguments in SymPy's own order (``Max(x, v)`` is
+``Max(v, x)``): a tie's gradient goes to the first argument of that order; a string formula
+keeps the order it is written in.
 
 ONNX: the formula as operators (Add, Mul, Div, Pow, Exp, Log, Sqrt, Abs, Tanh, Sin, Cos, Erf,
 Sigmoid, Where and comparisons), broadcast by ONNX's own (NumPy's) rule.

@@ -16,7 +16,8 @@ def transpose(x, name=None):
     """(A, B) -> (B, A) per sample.
 
     Args:
-        x (Value): the input, two axes (A, B) per sample.
+        x (Value): the input, two axes (A, B) per sample; a value without a batch axis (a
+            parameter, a constant) is transposed by ``permute(x, (1, 0))``.
         name (str | None): the node's name, an ASCII identifier (prefixed ``<block>.`` inside a
             block); default ``transpose_<n>``. Parameters are named ``<name>.<param>``.
 
@@ -28,7 +29,10 @@ def transpose(x, name=None):
             already used.
         ShapeError: x does not have two axes.
     """
-    return graph_of(x, "transpose").add("transpose", [x], {}, name)
+    g = graph_of(x, "transpose")
+    if not x.batched:        # a parameter or a constant: the primitive's permute (DESIGN 2.1)
+        return g.add("permute", [x], {"axes": [1, 0]}, name)
+    return g.add("transpose", [x], {}, name)
 
 
 def transposed(R, C):
