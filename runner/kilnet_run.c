@@ -1036,6 +1036,9 @@ int main(int argc, char **argv) {
         if (scal_arena < 0) die("bundle %s has no train_step (export it with train=True / --train)", bundle);
         in = read_batches(pos[2], 0, &k);
         if (io_bytes(1)) {
+            if (!strcmp(pos[3], "-"))
+                die("bundle %s has targets (its losses are on outputs): TARGETS.bin must hold "
+                    "them, not -", bundle);
             tg = read_batches(pos[3], 1, &kt);
             if (k != kt) die("%s holds %" PRIu64 " batches but %s holds %" PRIu64, pos[2], (uint64_t)k, pos[3], (uint64_t)kt);
         } else {   /* the losses are written in the graph: its targets are among the inputs */

@@ -45,7 +45,8 @@ def agrees(model, path, feeds=None, seed=0):
     worst = 0.0
     for part in (feeds, {k: v[:1] for k, v in feeds.items()}):
         want = model.forward(part)
-        got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, part)))
+        fed = {i.name: part[i.name] for i in sess.get_inputs()}   # a target only a loss
+        got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, fed)))   # reads: none
         assert sorted(got) == sorted(want), (sorted(got), sorted(want))
         for name, w in want.items():
             g = got[name]

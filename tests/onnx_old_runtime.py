@@ -8,6 +8,8 @@ In this environment it exports every example (trained two steps) and one graph o
 each activation, with feeds and model.forward's outputs beside each file; then the other
 Python (with only onnxruntime and numpy) runs every file and compares, printing one line each
 and exiting 1 on a difference beyond float32 rounding (float64: 1e-9) or a file it can't load.
+The open language's primitives are there too (tests/test_onnx_primitives.py's cases, and its graph
+whose losses are written in it); `--only primitive_` runs just those.
 """
 import json
 import os
@@ -76,20 +78,39 @@ def models(dtype):
     from test_norm_pool import norm_pool_graph          # issue 45: layer_norm and pool1d
     yield "norm_pool", kn.compile(norm_pool_graph(), batch=3, dtype=dtype, optimizer=kn.Adam(),
                                   loss="mse"), False
+    # the open language's primitives (tests/test_onnx_primitives.py's cases, with mse on every
+    # output so that the two steps move the parameters), and its graph with losses in it
+    import test_onnx_primitives as prim
+    for case in sorted(prim.CASES):
+        if dtype == "float64" and case in prim.NO_FLOAT64:
+            continue            # onnxruntime has no double Erf
+        graph = prim.case_graph(case)
+        if not any(n.op == "parameter" and n.attrs.get("trainable", True) for n in graph.nodes):
+            yield f"primitive_{case}", prim.case_model(case, dtype), False
+            continue
+        yield f"primitive_{case}", kn.compile(graph, batch=3, dtype=dtype, optimizer=kn.Adam(),
+                                              loss={o: "mse" for o in graph.outputs}), False
+    yield "primitive_losses_in_the_graph", kn.compile(prim.primitives_graph(), batch=3,
+                                                      dtype=dtype, optimizer=kn.Adam()), False
 
 
 def main(argv=None):
     import argparse
+    import onnx
     import onnx_check
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("python", help="the Python that has the older onnxruntime")
     ap.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    ap.add_argument("--only", default="", help="only the models whose name holds this text "
+                                              "(primitive_: the open language's primitives)")
     a = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     folder = tempfile.mkdtemp(prefix="onnx_old_runtime")
     names = []
     for name, model, softmax_out in models(a.dtype):
-        for _ in range(2):
+        if a.only not in name:
+            continue
+        for _ in range(2 if model.optimizer is not None else 0):
             feeds = onnx_check.random_feeds(model, rng)
             targets = {}
             for k, n in model.graph.outputs.items():
@@ -98,6 +119,9 @@ def main(argv=None):
             model.train_step(feeds, {k: v for k, v in targets.items() if k in model.plan.targets})
         model.export_onnx(os.path.join(folder, name + ".onnx"))
         feeds = onnx_check.random_feeds(model, rng)
+        # the file's inputs: a target that only a loss written in the graph reads is not one
+        inputs = onnx.load(os.path.join(folder, name + ".onnx")).graph.input
+        feeds = {i.name: feeds[i.name] for i in inputs}
         outs = model.forward(feeds)
         np.savez(os.path.join(folder, name + ".npz"), **{f"in_{k}": v for k, v in feeds.items()},
                  **{f"out_{k}": v for k, v in outs.items()})

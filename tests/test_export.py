@@ -36,6 +36,7 @@ SMALL = {
     "qnet": dict(batch=2),
     "distq_learning": dict(batch=2, width=16, filters=4),
     "forecast": dict(batch=2, history=16, horizon=4, width=8),
+    "patch_forecast": dict(batch=2, history=16, horizon=4, patch=4, stride=3, width=8, heads=2),
     "gte_encoder": dict(batch=2, units=6, width=4, blocks=1, heads=2, key_dim=4),
     "batchnorm_mlp": dict(batch=4, width=8),
 }
@@ -1006,3 +1007,172 @@ def test_runner_and_mql5_on_an_add_folded_into_its_norm(target, runner, run_env,
         text = f.read()
     kernels = re.findall(r'm_kern\[(\d+)\]=CLKernelCreate\(m_prog,"(\w+)"\)', text)
     assert [(int(i), k) for i, k in kernels] == [(i, la["kernel"]) for i, la in enumerate(doc["launches"])]
+
+
+# -- the open language's primitives in a bundle (docs/DESIGN.md section 2.1) ----------------------
+
+def primitives_graph():
+    """Every primitive in one graph with losses written in it (tests/test_onnx_primitives.py
+    exports it to ONNX too): a target ``t`` that only a loss reads, and a loss on a value
+    without a batch axis."""
+    g = kn.Graph("prims")
+    x, ids, t = g.input("x", (4, 3)), g.input("ids", (5,)), g.input("t", (7,))
+    w = g.parameter("w", (6, 3))
+    b = g.parameter("b", (6,), init="zeros")
+    gain = g.parameter("gain", (1, 6), init=np.linspace(0.5, 1.5, 6).reshape(1, 6),
+                       trainable=False)
+    v = g.parameter("v", (2, 3, 2))
+    c = g.constant(np.linspace(-1.0, 1.0, 6).reshape(6, 1), name="c")
+    z = kn.matmul(x, w, transpose_b=True, name="rows")           # (4, 6) folded: x·Wᵀ
+    h = kn.expr("tanh(z + b) * gain + where(z > 0, z, 0.1 * z)", z=z, b=b, gain=gain)
+    a = kn.matmul(h, h, transpose_b=True, name="gram")           # (4, 4) one product per sample
+    lead = kn.matmul(x, v, name="lead")                          # (2, 4, 2) x stretched over v's
+    s = kn.softmax(a, axis=0)
+    ls = kn.log_softmax(kn.permute(h, (1, 0)))                   # (6, 4)
+    q = kn.matmul(ls, s)                                         # (6, 4)
+    col = kn.matmul(w, kn.slice(x, 0, 1, 2), transpose_b=True, name="col")  # (6, 1) folded W·v
+    m = kn.mean(kn.slice(q, 1, 0, None, 2), axis=1, keepdims=True)          # (6, 1)
+    e = kn.logsumexp(kn.expr("m * c + col", m=m, c=c, col=col), axis=None)  # (1,)
+    r = kn.expr("u + d", u=kn.max(h, axis=0), d=kn.sum(kn.min(lead, axis=(0, 2)), keepdims=True))
+    cat = kn.concat(kn.take(h, ids, axis=0), g.parameter("p", (2, 6)), axis=0)   # (7, 6)
+    y = kn.expr("mn + mx + e + sg", mn=kn.min(cat, axis=-1),
+                mx=kn.max(kn.stop_gradient(cat), axis=1), e=e,
+                sg=kn.slice(kn.concat(r, r, axis=0), 0, 2, 9))   # (7,)
+    g.output("y", y)
+    g.loss(kn.expr("(y - t)**2", y=y, t=t))
+    g.loss(kn.sum(kn.expr("w*w", w=w)), weight=0.01)             # no batch axis
+    return g
+
+
+def mql5_holds_the_plans_table(doc, text):
+    """The include ``text`` (CRLF line ends, as written) holds bundle ``doc``'s table: one buffer
+    per arena with its size, the stored arenas loaded, one kernel per launch in launch order,
+    every argument once with its slot, each call's launches in order with their work sizes, the
+    feeds, targets and outputs at their offsets, the step scalars and the loss parts; only
+    documented MQL5 OpenCL functions (test_mql5_include_holds_the_plans_table's checks, for any
+    train bundle)."""
+    assert text.isascii() and "\r\n" in text
+    item = bundle_mod.DTYPES[doc["dtype"]].itemsize
+    arena = {a["role"]: i for i, a in enumerate(doc["arenas"])}
+    created = re.findall(r"m_mem\[(\d+)\]=CLBufferCreate\(m_ctx,(\d+),CL_MEM_READ_WRITE\)", text)
+    assert [(int(i), int(n)) for i, n in created] == [(i, a["bytes"]) for i, a in enumerate(doc["arenas"])]
+    loads = re.findall(r'Load\((\d+),folder\+"\\\\(\w+\.bin)",(\d+),fc\)', text)
+    assert [(int(i), f, int(n)) for i, f, n in loads] == [
+        (i, a["file"], a["elements"]) for i, a in enumerate(doc["arenas"]) if a["file"]]
+    kernels = re.findall(r'm_kern\[(\d+)\]=CLKernelCreate\(m_prog,"(\w+)"\)', text)
+    assert [(int(i), k) for i, k in kernels] == [(i, la["kernel"]) for i, la in enumerate(doc["launches"])]
+    args = re.findall(r"CLSetKernelArgMem\(m_kern\[(\d+)\],(\d+),m_mem\[(\d+)\]\)|"
+                      r"CLSetKernelArg\(m_kern\[(\d+)\],(\d+),\(uint\)(\d+)\)", text)
+    want = [("mem", i, a["slot"], arena[a["arena"]]) if a["kind"] == "arena" else
+            ("uint", i, a["slot"], a["value"]) for i, la in enumerate(doc["launches"]) for a in la["args"]]
+    got = [("mem", int(m[0]), int(m[1]), int(m[2])) if m[0] else ("uint", int(m[3]), int(m[4]), int(m[5]))
+           for m in args]
+    assert got == want
+    fwd = text[text.index("bool              Forward("):text.index("bool              TrainStep(")]
+    step = text[text.index("bool              TrainStep("):text.index("bool              Save(")]
+    for body, call in ((fwd, "forward"), (step, "train_step")):
+        runs = re.findall(r"Run\((\d+),(\d),(\d+),(\d+),(\d+),(\d+),(\d+),(\d+)\)", body)
+        assert [int(r[0]) for r in runs] == doc["calls"][call]
+        for r in runs:
+            la = doc["launches"][int(r[0])]
+            dims = len(la["global_size"])
+            assert int(r[1]) == dims
+            assert [int(v) for v in r[2:2 + dims]] == la["global_size"]
+            local = (la["local_size"] + [1, 1])[:dims] if la["local_size"] else [0] * dims
+            assert [int(v) for v in r[5:5 + dims]] == local
+        for key, name in (("inputs", "in"), ("targets", "target")):
+            writes = re.findall(rf"CLBufferWrite\(m_mem\[(\d+)\],{name},(\d+),(\d+),(\d+)\)", body)
+            at, want = 0, []
+            for r in doc[key] if (call == "train_step" or key == "inputs") else []:
+                want.append((arena[r["arena"]], r["offset"] * item, at, r["count"]))
+                at += r["count"]
+            assert [tuple(map(int, w)) for w in writes] == want, (call, key)
+    reads = re.findall(r"CLBufferRead\(m_mem\[(\d+)\],out,(\d+),(\d+),(\d+)\)", fwd)
+    assert [tuple(map(int, r)) for r in reads] == [
+        (arena[r["arena"]], r["offset"] * item, 0, r["count"]) for r in doc["outputs"]]
+    s = doc["step_scalars"]
+    assert f"CLBufferWrite(m_mem[{arena[s['arena']]}],sc,{s['offset'] * item},0,{len(s['values'])})" in step
+    losses = re.findall(r"CLBufferRead\(m_mem\[(\d+)\],part,(\d+),0,(\d+)\)", step)
+    assert [tuple(map(int, r)) for r in losses] == [
+        (arena[p["arena"]], p["offset"] * item, p["count"]) for p in doc["loss"]["parts"]]
+    used = set(re.findall(r"\b(CL[A-Z]\w+)\(", text))
+    assert used <= {"CLContextCreate", "CLProgramCreate", "CLKernelCreate", "CLBufferCreate",
+                    "CLSetKernelArgMem", "CLSetKernelArg", "CLExecute", "CLBufferWrite",
+                    "CLBufferRead", "CLKernelFree", "CLBufferFree", "CLProgramFree", "CLContextFree",
+                    "CLGetInfoInteger", "CLGetInfoString"}
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_runner_and_mql5_on_the_primitives(target, runner, run_env, tmp_path, monkeypatch):
+    """primitives_graph(), every primitive (expr broadcasting a parameter,
+    matmul folded and per sample, the reductions, softmax(axis)/log_softmax, slice, permute,
+    concat(axis) with a parameter, take with an ids input, stop_gradient, a constant, a parameter
+    that is not trained, and two losses written in the graph, one on a value without a batch
+    axis), each kernel form: the bundle has no targets; the runner's forward, train steps,
+    parameters, state and moments equal Python's, with TARGETS.bin an empty file or "-" (the
+    same bits) and refused when it holds data; bad ids are refused by the runner and the MQL5
+    include, which holds the plan's table with an empty target[]."""
+    def data(doc, key, rng, uniform=batch_data):
+        out = uniform(doc, key, rng)
+        if "ids" in out:
+            out["ids"] = rng.integers(0, 4, out["ids"].shape).astype(out["ids"].dtype)
+        return out
+    monkeypatch.setattr(sys.modules[__name__], "batch_data", data)
+    monkeypatch.setenv("KILNET_TARGET", target)
+    model = kn.compile(primitives_graph(), batch=3, optimizer=kn.Adam(lr=0.05), seed=1)
+    bundle = model.export(tmp_path / "bundle", train=True)
+    doc = bundle_read.read(bundle)
+    assert doc["target"] == target and doc["train"] and doc["targets"] == []
+    assert [(r["name"], r.get("ids")) for r in doc["inputs"]] == [
+        ("x", None), ("ids", {"bound": 4, "node": "take_1"}), ("t", None)]
+    assert sorted(doc["params"]) == ["b", "p", "v", "w"] and sorted(doc["state"]) == ["c", "gain"]
+    # both forms of a product: one launch over the batch's rows (z-size 1), one per sample
+    size = {la["name"]: la["global_size"] for la in doc["launches"]}
+    assert size["rows.forward"][2:] == [1] and size["col.forward"][2:] == [1], size
+    assert size["gram.forward"][2:] == [3] and size["lead.forward"][2:] == [6], size
+    rng = np.random.default_rng(4)
+    for bad, where in ((4.0, "sample 1, position 2"), (-1.0, "sample 0, position 4"),
+                       (0.5, "sample 2, position 0")):
+        feeds = data(doc, "inputs", rng)
+        s, u = (int(v) for v in re.findall(r"\d+", where))
+        feeds["ids"][s, u] = bad
+        write(tmp_path / "bad.bin", doc, "inputs", feeds)
+        for args in (("forward", tmp_path / "bad.bin", tmp_path / "bad_out.bin"),
+                     ("train", tmp_path / "bad.bin", "-", tmp_path)):
+            r = run(runner, run_env, bundle, *args)
+            assert r.returncode == 1 and not (tmp_path / "bad_out.bin").exists(), r.stderr
+            assert f"input ids holds {bad:g} at {where}; its values are ids, integers in " \
+                   f"[0, 4); nothing was run" in r.stderr, r.stderr
+    check_against_python(model, bundle, runner, run_env, tmp_path, steps=2)
+    assert (tmp_path / "ttg.bin").stat().st_size == 0          # the targets file it gave: empty
+    # forward does not read t, which only a loss reads: NaN there gives the same bits
+    feeds = np.fromfile(tmp_path / "in.bin", np.float32)
+    at = sum(r["count"] for r in doc["inputs"][:2])
+    assert doc["inputs"][2]["name"] == "t" and at + doc["inputs"][2]["count"] == feeds.size
+    feeds[at:] = np.nan
+    feeds.tofile(tmp_path / "nan_t.bin")
+    r = run(runner, run_env, bundle, "forward", tmp_path / "nan_t.bin", tmp_path / "nan_out.bin")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "nan_out.bin").read_bytes() == (tmp_path / "out.bin").read_bytes()
+    # "-" for TARGETS.bin: the same steps from the bundle, the same bits as the empty file's
+    (tmp_path / "dash").mkdir()
+    r = run(runner, run_env, bundle, "train", tmp_path / "tin.bin", "-", tmp_path / "dash")
+    assert r.returncode == 0, r.stderr
+    for f in sorted(os.listdir(tmp_path / "trained")):
+        assert (tmp_path / "dash" / f).read_bytes() == (tmp_path / "trained" / f).read_bytes(), f
+    (tmp_path / "tg.bin").write_bytes(b"\0" * 12)
+    r = run(runner, run_env, bundle, "train", tmp_path / "tin.bin", tmp_path / "tg.bin", tmp_path / "dash")
+    assert r.returncode == 1 and "has 12 bytes, but bundle" in r.stderr and \
+        "has no targets" in r.stderr and "give - or an empty file" in r.stderr, r.stderr
+    with open(mql5.write(bundle, str(tmp_path / "prims.mqh")), newline="") as f:
+        text = f.read()
+    mql5_holds_the_plans_table(doc, text)
+    assert re.search(r"#define CKILNETPRIMS_TARGET 0 ", text)
+    for call in ("Forward", "TrainStep"):
+        body = text[text.index(f"bool              {call}("):]
+        check = body.index("// ids: ids of take_1, integers in [0, 4)")
+        assert check < body.index("CLBufferWrite"), call
+        assert f'"{call}: input ids holds %g at sample %d, position %d; its values are ids' in body
+        assert "v>=0.0 && v<4.0 && MathFloor(v)==v" in body
+    step = text[text.index("bool              TrainStep("):]
+    assert "ArraySize(target)!=0" in step[:step.index("CLBufferWrite")]

@@ -180,6 +180,24 @@ class Emitter:
         return y
 
 
+def forward_nodes(graph):
+    """The names of the nodes the outputs depend on: what forward computes (a loss's own nodes,
+    and the inputs only they read, its targets, are not part of it)."""
+    live, todo = set(), list(graph.outputs.values())
+    while todo:
+        n = todo.pop()
+        if n.name not in live:
+            live.add(n.name)
+            todo.extend(n.inputs)
+    return live
+
+
+def forward_inputs(graph):
+    """The names of the inputs forward reads: the ONNX file's inputs."""
+    live = forward_nodes(graph)
+    return [name for name in graph.inputs if name in live]
+
+
 def build(model):
     """The ``onnx.ModelProto`` of ``model``'s inference graph, checked (full_check)."""
     onnx = _onnx()
@@ -189,15 +207,12 @@ def build(model):
         raise BundleError(f"export_onnx: model {graph.name!r}: output(s) {', '.join(map(repr, clash))} "
                           f"have the name of an input; ONNX names every tensor once, so rename the "
                           f"output (g.output(name, ...)) or the input")
+    if not graph.outputs:
+        raise BundleError(f"export_onnx: model {graph.name!r} has no outputs (its losses are "
+                          f"written in the graph); ONNX holds what forward computes: mark one "
+                          f"with g.output(name, value)")
     e = Emitter(model, onnx)
-    # what forward computes: the nodes the outputs depend on (a loss's own nodes and the
-    # inputs only they read, its targets, are not part of it)
-    live, todo = set(), list(graph.outputs.values())
-    while todo:
-        n = todo.pop()
-        if n.name not in live:
-            live.add(n.name)
-            todo.extend(n.inputs)
+    live = forward_nodes(graph)
     dead = {n.name for n in graph.nodes if n.name not in live}
     e.first_input = next((n for n in graph.inputs if n in live), None)
     missing = [n for n in graph.nodes if n.op != "input" and n.name not in dead
@@ -315,7 +330,9 @@ def mql5_script(model, onnx_name):
               "      return;",
               "     }"]
     args = []
-    for kind, items in (("Input", graph.inputs.items()), ("Output", graph.outputs.items())):
+    used = forward_inputs(graph)
+    inputs = [(name, node) for name, node in graph.inputs.items() if name in used]
+    for kind, items in (("Input", inputs), ("Output", graph.outputs.items())):
         for i, (name, node) in enumerate(items):
             shape = ",".join(str(d) for d in (1, *node.shape))
             n = math.prod(node.shape)

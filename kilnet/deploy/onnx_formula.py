@@ -7,6 +7,10 @@ and softplus) is Where over the comparison operators; sqrt, 1/x and x² are Sqrt
 and Mul. float64: ONNX Runtime has no double Erf, so a float64 formula with erf is refused by
 onnxruntime when it loads the file (as gelu is: kilnet/ops/activation.py).
 """
+import math
+
+import numpy as np
+
 from ..errors import BundleError
 from ..policy import formula
 
@@ -60,6 +64,8 @@ def emit(e, expr, tensors):
         if type(x).__name__ == "log1p":
             return e.op("Log", [e.op("Add", [e.scalar(1.0, "one"), go(x.args[0])])])
         name = type(x).__name__
+        if name == "cos" and e.dtype == np.float64:     # onnxruntime 1.14 has no double Cos
+            return e.op("Sin", [e.op("Add", [go(x.args[0]), e.scalar(math.pi / 2, "half_pi")])])
         if name in _UNARY:
             return e.op(_UNARY[name], [go(x.args[0])])
         if isinstance(x, sp.Piecewise):

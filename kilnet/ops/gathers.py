@@ -21,8 +21,8 @@ take, the row-reduction skeleton summing every place it went (kernels/reduce.py)
   range reads 0 and sends no gradient (no access leaves x), as embedding's.
 
 ONNX: Slice; Transpose; Concat (an input without a batch axis first Expanded over the batch);
-take: Gather (x without a batch axis) or GatherElements over x expanded along the indices
-(x per sample), ids Cast to int64.
+take: Gather (x without a batch axis) or GatherND over the batch (batch_dims 1, x's axis moved
+next to the batch and back: x per sample), ids Cast to int64.
 """
 import builtins
 import math

@@ -21,10 +21,13 @@ index expressions. The compiler picks the form of each product:
   folded: the batched product into scratch, then the row-reduction skeleton sums it over the
   stretched axes (kernels/reduce.py).
 
-ONNX: MatMul, with Transpose of the last two axes where an operand is stored transposed.
+ONNX: MatMul, with Transpose of the last two axes where an operand is stored transposed; in
+float64 one Einsum (onnxruntime 1.14 fuses Transpose + MatMul into a float32-only kernel).
 """
 import math
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from ..graph import graph_of
 from ..kernels import broadcast as bc
@@ -283,14 +286,21 @@ class MatMul(Op):
         return ks
 
     def onnx(self, node, e):
+        """MatMul, with a Transpose of the last two axes for an operand stored transposed; in
+        float64 one Einsum instead: onnxruntime 1.14 fuses a Transpose feeding a MatMul into
+        FusedMatMul, which it has in float32 only."""
         rank = len(node.shape)
-        xs = []
-        for i, flag in enumerate((node.attrs["transpose_a"], node.attrs["transpose_b"])):
-            v = node.inputs[i]
-            x = e.aligned(e.x(node, i), v, rank)
+        ta, tb = node.attrs["transpose_a"], node.attrs["transpose_b"]
+        xs = [e.aligned(e.x(node, i), v, rank) for i, v in enumerate(node.inputs)]
+        if e.dtype == np.float64:
+            for i, v in enumerate(node.inputs):
+                if node.batched and not v.batched:      # of the batched operand's rank
+                    xs[i] = e.op("Unsqueeze", [xs[i], e.ints([0], "axes")], "batch_axis")
+            equation = f"...{'km' if ta else 'mk'},...{'nk' if tb else 'kn'}->...mn"
+            return e.op("Einsum", xs, "product", equation=equation)
+        for i, flag in enumerate((ta, tb)):
             if flag:
-                full = rank + (1 if v.batched else 0)
+                full = rank + (1 if node.inputs[i].batched else 0)
                 perm = list(range(full - 2)) + [full - 1, full - 2]
-                x = e.op("Transpose", [x], "transposed", perm=perm)
-            xs.append(x)
+                xs[i] = e.op("Transpose", [xs[i]], "transposed", perm=perm)
         return e.op("MatMul", xs, "product")
