@@ -314,6 +314,7 @@ RULES = [
     (r"python benchmarks/forward_latency\.py", benchmark("--steps 2 --warmup 0", r"cl_trip")),
     (r"python benchmarks/devices_agree\.py", benchmark("--steps 1 --models two_spirals", r"\bok\b")),
     (r"python benchmarks/train_step\.py", benchmark(f"{QUICK} --batches 1", r"train_step")),
+    (r"python benchmarks/primitives\.py", benchmark("--smoke", r"prim_ms")),
 ]
 
 
