@@ -6,7 +6,12 @@ for bit, forward and backward, in both kernel forms:
   the product's own value kept for backward; also through a k-split (whose column sum then runs
   the epilogue);
 - the formula fold (``fold_formulas``): an expr that only a sum, mean, softmax or log-softmax
-  reads is computed by that reduction as it reads, and never stored.
+  reads is computed by that reduction as it reads, and never stored;
+- the permute fold (``fold_permutes``): a permute that only matmuls read is read (and its
+  gradient written) in place at its input's strides, and a matmul whose one reader is a permute
+  stores straight into it;
+- the gradient alias (``alias_gradients``): z's gradient in z + b is the sum's, the same buffer,
+  with no copy launch.
 
 What they must not fuse, they do not."""
 import importlib
@@ -30,9 +35,13 @@ def layer(I, U, formula="tanh(z + b)", b_shape=None):
 def run(g, batch, monkeypatch, fuse, target):
     monkeypatch.setenv("KILNET_TARGET", target)
     fusion = importlib.import_module("kilnet.compiler.fusion")
-    if not fuse:       # every node read twice: nothing has one reader, so nothing fuses
-        real = fusion.readers
+    if not fuse:       # every node read twice: nothing has one reader, so nothing fuses; and
+        real = fusion.readers   # no op reads a permute in place
         monkeypatch.setattr(fusion, "readers", lambda graph: {k: 2 for k in real(graph)})
+        monkeypatch.setattr(importlib.import_module("kilnet.ops.matmul").MatMul, "strided",
+                            False)     # and no gradient is another's (alias_gradients)
+        monkeypatch.setattr(importlib.import_module("kilnet.ops.expr").Expr, "identity_inputs",
+                            lambda self, node, batch: [])
     m = kn.compile(g, batch=batch, optimizer=kn.Adam(0.01), loss={"y": "mse"}, seed=3)
     monkeypatch.undo()
     rng = np.random.default_rng(0)
@@ -105,3 +114,63 @@ def test_a_softmax_whose_cross_entropy_reads_its_input_keeps_it():
     m = kn.compile(g, batch=2, loss={"p": "cross_entropy"}, optimizer=kn.SGD(0.1))
     assert "expr_1.forward" in [la.name for la in m.kernels]
     assert m.plan.graph.node("softmax_1").meta["formula_input"] is None
+
+
+def heads_graph(kind):
+    """Attention's head split and merge around products: (U, H·d) -> (H, U, d) by reshape and
+    permute, read by two products (in place), a product's output permuted back (stored into)."""
+    U, H, d = 5, 3, 2
+    g = kn.Graph("heads")
+    x = g.input("x", (U, H * d))
+
+    def split(v):
+        return kn.permute(kn.reshape(v, (U, H, d)), (1, 0, 2))
+    q = split(kn.matmul(x, g.parameter("wq", (H * d, H * d)), transpose_b=True))
+    if kind == "parameter":            # a permute of a parameter, read in place
+        k = kn.permute(kn.reshape(g.parameter("k", (U, H * d)), (U, H, d)), (1, 0, 2))
+    else:
+        k = split(kn.expr("x * 2", x=x))
+    s = kn.matmul(q, k, transpose_b=True)                                # (H, U, U)
+    if kind == "also_elsewhere":       # q read by an expr too: it stays a launch
+        s = kn.expr("s + q0", s=s, q0=kn.sum(q, axis=-1, keepdims=True))
+    o = kn.matmul(kn.softmax(s, axis=-1), k)                             # (H, U, d)
+    g.output("y", kn.reshape(kn.permute(o, (1, 0, 2)), (U, H * d)))
+    return g
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+@pytest.mark.parametrize("kind", ["values", "parameter", "also_elsewhere"])
+def test_permutes_folded_and_launched_agree_bit_for_bit(kind, target, monkeypatch):
+    folded, a = run(heads_graph(kind), 3, monkeypatch, True, target)
+    plain, b = run(heads_graph(kind), 3, monkeypatch, False, target)
+    launched = {la.name.split(".")[0] for la in folded.kernels if la.name.startswith("permute")}
+    # permute_1 (q) is read in place unless an expr reads it too; permute_3 (o's merge) is
+    # stored into by its product
+    assert ("permute_1" in launched) == (kind == "also_elsewhere"), launched
+    assert "permute_3" not in launched and "permute_2" not in launched, launched
+    assert {"permute_1", "permute_2", "permute_3"} <= {
+        la.name.split(".")[0] for la in plain.kernels}
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_an_identity_gradient_is_the_readers_buffer(target, monkeypatch):
+    """x·Wᵀ + b then tanh of it read twice: the product's gradient is the sum's (z + b's
+    derivative in z is 1), so the sum's backward stores only b's; against the copies, bit for
+    bit."""
+    def graph():
+        g = kn.Graph("alias")
+        x = g.input("x", (4, 3))
+        h = kn.expr("z + b", z=kn.matmul(x, g.parameter("w", (5, 3)), transpose_b=True),
+                    b=g.parameter("b", (5,)))
+        g.output("y", kn.expr("tanh(h) * h", h=h))
+        return g
+    aliased, a = run(graph(), 2, monkeypatch, True, target)
+    plain, b = run(graph(), 2, monkeypatch, False, target)
+    assert aliased.plan.buffers.get("matmul_1:grad") is None
+    count = [la.name for la in aliased.kernels if la.name.startswith("expr_1.backward")]
+    assert len(count) == 1, count       # b's sum over the rows alone: no copy of dz
+    assert len([la for la in plain.kernels if la.name.startswith("expr_1.backward")]) == 2
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)

@@ -13,6 +13,8 @@ that covers it must fail (issue 29). Which check covers which transformation:
 | the CPU gathers (conv1d's and multi_window_conv's input gradient as a product and a gather) | the gathered scratch's range and index maths | the extents and order checks on CPU-form plans, and gradients against finite differences (test_gradients.py, test_fuzz.py) |
 | the epilogue fusion (compiler/fusion.py: an expr computed as the matmul it reads stores) | the count of the product's readers (``fusion.readers``), ``Op.epilogue_source``, ``Op.takes_epilogue`` | the loss against the reference and gradients against central differences (below) |
 | the formula fold (compiler/fusion.py: an expr computed by the reduction that reads it, never stored) | the count of the expr's readers, ``Op.formula``, ``Op.folds_formula`` | the loss against the reference and gradients against central differences (below; test_fusions.py bit for bit) |
+| the permute fold (compiler/fusion.py: a permute read in place by the matmuls that alone read it, or stored into by the product it alone reads) | ``Op.strided`` of every reader, the count of the product's readers | the loss against the reference and gradients against central differences (below; test_fusions.py bit for bit) |
+| the gradient alias (compiler/fusion.py: z's gradient in z + b is the sum's buffer) | ``Op.identity_inputs``, the count of the gradient's writers (``grad_writers``) | gradients against central differences (below; test_fusions.py bit for bit) |
 """
 import importlib
 
@@ -173,3 +175,38 @@ def test_a_formula_said_to_have_one_reader_fails_the_reference_check(monkeypatch
     monkeypatch.setattr(fusion, "readers", lambda graph: {n.name: 1 for n in graph.nodes})
     with pytest.raises(AssertionError):
         check_gradients(graph(), {"y": "mse"}, 2, ref)
+
+
+def test_a_reader_said_to_read_in_place_fails_the_reference_check(monkeypatch):
+    """A permute read by a sum said to read strided values: the permute is no launch, and the
+    sum reads its input in C order, unpermuted."""
+    import numpy as np
+
+    def graph():
+        g = kn.Graph("strided_lie")
+        p = kn.permute(g.input("x", (2, 3)), (1, 0))
+        g.output("y", kn.concat(kn.sum(p, axis=-1), kn.sum(p, axis=0)))
+        return g
+
+    def ref(P, f):
+        p = f["x"].transpose(0, 2, 1)
+        return {"y": np.concatenate([p.sum(axis=2), p.sum(axis=1)], axis=1)}
+    check_gradients(graph(), {"y": "mse"}, 2, ref)                     # the truth passes
+    reductions = importlib.import_module("kilnet.ops.reductions")
+    monkeypatch.setattr(reductions._Reduction, "strided", True)
+    with pytest.raises(AssertionError):
+        check_gradients(graph(), {"y": "mse"}, 2, ref)
+
+
+def test_an_input_said_to_pass_its_gradient_through_fails_the_gradient_check(monkeypatch):
+    """tanh(z) + b as if z's derivative were 1: z's gradient becomes the sum's, unscaled."""
+    def graph():
+        g = kn.Graph("alias_lie")
+        z = kn.matmul(g.input("x", (2, 3)), g.parameter("w", (4, 3)), transpose_b=True)
+        g.output("y", kn.expr("tanh(z) + b", z=z, b=g.parameter("b", (4,))))
+        return g
+    check_gradients(graph(), {"y": "mse"}, 2)                          # the truth passes
+    expr = importlib.import_module("kilnet.ops.expr")
+    monkeypatch.setattr(expr.Expr, "identity_inputs", lambda self, node, batch: [0])
+    with pytest.raises(AssertionError):
+        check_gradients(graph(), {"y": "mse"}, 2)

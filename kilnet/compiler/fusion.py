@@ -29,10 +29,28 @@ from ..ops import get_op
 
 
 def root(node):
-    """The node that owns the memory of ``node``'s output (views share their input's)."""
-    while get_op(node.op).is_view:
-        node = node.inputs[0]
-    return node
+    """The node that owns the memory of ``node``'s output: views share their input's (a
+    permute that only strided ops read, ``meta["view_of"]``, too), and a product that stores
+    straight into the permute that alone reads it (``meta["stores_into"]``) that permute's."""
+    while True:
+        if viewed(node):
+            node = node.inputs[0]
+        elif node.meta.get("stores_into"):
+            node = node.graph.node(node.meta["stores_into"])
+        else:
+            return node
+
+
+def viewed(node):
+    """Whether ``node`` is a view of its input: no launch, its input's memory (reshape,
+    stop_gradient; a permute that only strided ops read in place: ``fold_permutes``)."""
+    return get_op(node.op).is_view or bool(node.meta.get("view_of"))
+
+
+def stored(node):
+    """Whether a product computes ``node`` (a permute) by storing straight into it: no launch
+    of its own, forward or backward (``fold_permutes``)."""
+    return node.meta.get("stored_by") is not None
 
 
 def inputs_of(node):
@@ -79,6 +97,54 @@ def fuse_epilogues(graph, batch, dead=(), count=None):
             continue
         node.meta["epilogue"] = k
         src.meta["fused_into"] = node.name
+
+
+def fold_permutes(graph, dead=(), count=None):
+    """Record the permute fold's decisions in ``node.meta`` (every node's entries rewritten).
+    A permute moves no arithmetic, and a strided op (``Op.strided``: matmul, whose products
+    read and write through index expressions) can do without it:
+
+    - a permute of a value in C order that only strided ops read becomes a view of its input
+      (``meta["view_of"]``): they read it, and write its gradient, at its input's strides,
+      permuted (broadcast.strides);
+    - a strided op whose one reader is a permute stores its output straight into that permute's
+      buffer (``meta["stores_into"]`` on it, ``meta["stored_by"]`` on the permute), and reads its
+      output's gradient from the permute's, both at the permute's strides permuted back.
+
+    Attention's heads split (U, H·d) → (H, U, d) for its products and merged back after them are
+    then no launches, forward or backward. What it trusts: ``Op.strided`` of every reader and the
+    count of the product's readers; the gradient and reference checks fail where either is
+    wrong (tests/test_metadata_lies.py)."""
+    count = readers(graph) if count is None else count
+    for node in graph.nodes:
+        node.meta["view_of"], node.meta["stores_into"], node.meta["stored_by"] = None, None, None
+    users = {n.name: [] for n in graph.nodes}
+    for node in graph.nodes:
+        for i in node.inputs:
+            users[i.name].append(node)
+    ends = {n.name for n in graph.outputs.values()} | {x.node.name for x in graph.losses}
+    for node in graph.nodes:
+        if node.op == "input" or node.name in dead or \
+                get_op(node.op).permutation(node) is None:
+            continue
+        src = node.inputs[0]
+        if get_op(src.op).strided and src.name not in dead and src.name not in ends and \
+                count.get(src.name) == 1 and not src.meta.get("view_of"):
+            src.meta["stores_into"], node.meta["stored_by"] = node.name, src.name
+        elif node.name not in ends and users[node.name] and \
+                all(get_op(u.op).strided and u.name not in dead for u in users[node.name]) and \
+                root(src).meta.get("stored_by") is None and _in_c_order(src):
+            node.meta["view_of"] = True
+
+
+def _in_c_order(node):
+    """Whether ``node``'s value is in C order in its root's buffer (no permuted view on the
+    way, no product storing into a permute)."""
+    while viewed(node):
+        if node.meta.get("view_of"):
+            return False
+        node = node.inputs[0]
+    return node.meta.get("stores_into") is None
 
 
 def fold_formulas(graph, target, dead=(), count=None, keep=()):
@@ -138,7 +204,7 @@ def grad_writers(graph, loss, wants, dead=(), objectives=()):
     Consumers in ``dead`` (no output depends on them: their backward never runs) write none."""
     writers = {}
     for node in graph.nodes:
-        if node.op != "input" and not get_op(node.op).is_view and node.name not in dead and \
+        if node.op != "input" and not viewed(node) and not stored(node) and node.name not in dead and \
                 not folded(node):
             for inp in inputs_of(node):
                 if wants[inp.name]:
@@ -162,7 +228,7 @@ def fuse_activation_derivatives(graph, writers, wants, dead=()):
         node.meta["dx_scale"], node.meta["dy_prescaled"] = {}, False
     for node in graph.nodes:
         op = get_op(node.op)
-        if node.op == "input" or op.is_view or not op.applies_input_derivative or \
+        if node.op == "input" or viewed(node) or not op.applies_input_derivative or \
                 node.name in dead or folded(node):
             continue
         for i, inp in enumerate(inputs_of(node)):
@@ -171,3 +237,23 @@ def fuse_activation_derivatives(graph, writers, wants, dead=()):
             if wants[inp.name] and writers.get(r.name) == 1 and pre is not None:
                 node.meta["dx_scale"][i] = pre
                 r.meta["dy_prescaled"] = True
+
+
+def alias_gradients(graph, batch, writers, wants, dead=()):
+    """{root name: reader name}: values whose gradient is their one reader's output gradient as
+    it is (an expr's input of the output's full shape whose derivative is exactly 1:
+    ``Op.identity_inputs``, as z in z + b), where that reader is the one writer of it
+    (``writers``: grad_writers): the value's gradient buffer is the reader's, and the reader's
+    backward stores nothing for it (a copy launch fewer per bias added by an expr). Not for a
+    parameter's, constant's or input's gradient (they have buffers of their own the model
+    reads)."""
+    alias = {}
+    for node in graph.nodes:
+        if node.op == "input" or node.name in dead or viewed(node) or stored(node):
+            continue
+        for k in get_op(node.op).identity_inputs(node, batch):
+            r = root(node.inputs[k])
+            if wants[node.inputs[k].name] and writers.get(r.name) == 1 and r.op != "input" and \
+                    not get_op(r.op).stored and r.name not in alias and r is not root(node):
+                alias[r.name] = node.name
+    return alias

@@ -25,8 +25,9 @@ from ..policy.target import GPU
 from ..runtime import abi
 from . import objective, plan_kernel, render, resident, summed_updates
 from .context import Context
-from .fusion import (fold_formulas, fold_sums, folded, fuse_activation_derivatives,
-                     fuse_epilogues, fused, grad_writers, root)
+from .fusion import (alias_gradients, fold_formulas, fold_permutes, fold_sums, folded,
+                     fuse_activation_derivatives, fuse_epilogues, fused, grad_writers, root,
+                     stored, viewed)
 from .render import Renderer
 
 
@@ -77,6 +78,9 @@ class Lowering:
 
     def grad_buffer(self, node):
         r = root(node)
+        alias = getattr(self, "grad_alias", {}).get(r.name)
+        if alias is not None:         # the same as that reader's (alias_gradients)
+            return self.grad_buffer(self.graph.node(alias))
         if get_op(r.op).stored:       # a trainable parameter's gradient (declare_params)
             return names.grad(full_name(r, ""))
         rows = self.batch if r.batched else 1
@@ -154,7 +158,8 @@ class Lowering:
             if node.op == "input":
                 self.value_buffer(node)
                 continue
-            if op.is_view or node.name in self.dead or folded(node) or fused(node):
+            if viewed(node) or node.name in self.dead or folded(node) or fused(node) or \
+                    stored(node):
                 continue
             phase = Phase.FORWARD if training else Phase.INFER
             k = node.meta.get("epilogue")
@@ -177,7 +182,7 @@ class Lowering:
             op = get_op(node.op)
             if node.op == "input":
                 wants[node.name] = self.input_grads
-            elif op.is_view:
+            elif viewed(node):
                 wants[node.name] = wants[node.inputs[0].name] and op.passes_gradient
             else:
                 wants[node.name] = bool(op.params(node)) or (
@@ -187,13 +192,16 @@ class Lowering:
     def backward(self):
         wants = self.wants_grad()
         written = set()          # gradient storages (by root name) that hold a contribution
-        fuse_activation_derivatives(self.graph, grad_writers(self.graph, self.loss, wants,
-                                                             self.dead, self.objectives),
-                                    wants, self.dead)
+        writers = grad_writers(self.graph, self.loss, wants, self.dead, self.objectives)
+        fuse_activation_derivatives(self.graph, writers, wants, self.dead)
+        self.grad_alias = alias_gradients(self.graph, self.batch, writers, wants, self.dead)
 
         def contribute(ctx, i, inp):
             if wants[inp.name]:
                 r = root(inp).name
+                if self.grad_alias.get(r) == ctx.node.name:   # its gradient is ctx.node's
+                    written.add(r)
+                    return
                 ctx.receive_gradient(i, self.grad_buffer(inp), r in written)
                 written.add(r)
 
@@ -202,7 +210,8 @@ class Lowering:
 
         for node in reversed(self.graph.nodes):
             op = get_op(node.op)
-            if node.op == "input" or op.is_view or root(node).name not in written:
+            if node.op == "input" or viewed(node) or stored(node) or \
+                    root(node).name not in written:
                 continue
             ctx = Context(self, node, True)
             for i, inp in enumerate(ctx.inputs):
@@ -215,7 +224,7 @@ class Lowering:
         if self.optimizer is not None:
             objective.step_ok(self)
         for node in self.graph.nodes:
-            if not get_op(node.op).is_view and node.name not in self.dead:
+            if not viewed(node) and node.name not in self.dead:
                 self.emit(node.name, Phase.UPDATE_STATE,
                           get_op(node.op).update_state(node, Context(self, node, True)))
         self.input_grad_buffers = {name: self.grad_buffer(node) for name, node
@@ -393,6 +402,7 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
     lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target, ranks,
                   seed, rank)
     fold_sums(graph, {n.name for n in dead})
+    fold_permutes(graph, {n.name for n in dead})
     fuse_epilogues(graph, batch, {n.name for n in dead})
     fold_formulas(graph, target, {n.name for n in dead}, keep={
         graph.outputs[o].name for o, kind in loss.items()

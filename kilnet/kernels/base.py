@@ -216,6 +216,9 @@ class Op:
     #                            what is computed from them alone) and broadcasts them over the
     #                            batch: the primitives; the catalogue's ops take per-sample values
     passes_gradient = True     # False: no gradient flows into the inputs (stop_gradient)
+    strided = False            # reads its inputs and writes its output and their gradients
+    #                            at any strides (Context.strides): a permute it alone reads, or
+    #                            alone reads it, is then no launch (compiler/fusion.py)
     product = False            # its forward is a product that can take an epilogue: an expr of
     #                            its output computed as it stores (``takes_epilogue``;
     #                            compiler/fusion.py's epilogue fusion)
@@ -293,6 +296,17 @@ class Op:
         (kilnet/deploy/onnx.py's `Emitter`); returns the name of the tensor holding it. An op
         without this method cannot be exported to ONNX, and export_onnx says so by name."""
         raise NotImplementedError
+
+    def identity_inputs(self, node, batch):
+        """The inputs whose gradient is the output's gradient as it is (an identity derivative,
+        the input of the output's full shape): it may share the output's gradient buffer
+        (compiler/fusion.py's ``alias_gradients``); the op's backward then finds no dx for it."""
+        return []
+
+    def permutation(self, node):
+        """The axes of the sample that this op's output reorders (out axis j is input axis
+        axes[j]: a permute), or None."""
+        return None
 
     def takes_epilogue(self, node, batch):
         """Whether this ``product`` op's forward at ``batch`` can store an expr of its output

@@ -199,3 +199,29 @@ def flat(cs, dims):
     for a, c in enumerate(cs):
         total += c * math.prod(dims[a + 1:])
     return total
+
+
+def natural(shape):
+    """The strides of a C-order array of ``shape``."""
+    return tuple(math.prod(shape[a + 1:]) for a in range(len(shape)))
+
+
+def strides(node, batch, op_of):
+    """The strides of ``node``'s full shape in the buffer that holds it, where that is not C
+    order (None where it is): a permute the matmuls that alone read it read in place
+    (``meta["view_of"]``: its input's strides, permuted), or a matmul that stores its product
+    straight into the permute that alone reads it (``meta["stores_into"]``: that permute's C
+    order, permuted back). compiler/fusion.py's permute fold decides both; ``op_of`` maps an op
+    kind to its Op."""
+    into = node.meta.get("stores_into")
+    if into is not None:
+        P = node.graph.node(into)
+        sP = natural(full(P, batch))
+        inverse = {a: j for j, a in enumerate(P.attrs["axes"])}
+        return (sP[0],) + tuple(sP[inverse[a] + 1] for a in range(len(node.shape)))
+    if node.meta.get("view_of"):
+        x = node.inputs[0]
+        sx = strides(x, batch, op_of) or natural(full(x, batch))
+        axes = op_of(node.op).permutation(node)
+        return (sx[0],) + tuple(sx[a + 1] for a in axes)
+    return None

@@ -166,6 +166,13 @@ class Expr(Op):
                                     [(f"din{k}", f"s{k}", ctx.acc(k)) for k in group]))
         return ks
 
+    def identity_inputs(self, node, batch):
+        e, syms = parsed(node)
+        F = bc.full(node, batch)
+        xs = _operands(node, batch)
+        return [k for k in range(len(node.inputs))
+                if tuple(xs[k]) == F and formulas.derivative(e, syms[k]) == 1]
+
     def formula(self, node):
         return parsed(node)
 

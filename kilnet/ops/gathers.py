@@ -172,6 +172,9 @@ class Permute(Op):
         node.attrs["axes"] = norm
         return tuple(shape[a] for a in norm)
 
+    def permutation(self, node):
+        return list(node.attrs["axes"])
+
     def _gather(self, ctx, step, src_full, dst_full, pairs, bufs, store, acc=False):
         """A map over dst's elements reading src where ``pairs`` (dst axis -> src axis) say."""
         i = bc.symbols()[0]

@@ -32,7 +32,7 @@ import numpy as np
 from ..graph import graph_of
 from ..kernels import broadcast as bc
 from ..kernels import index
-from ..kernels.base import GraphError, Op, need, out, register
+from ..kernels.base import GraphError, Op, get_op, need, out, register
 from ..kernels.gemm import gemm
 from ..kernels.reduce import launch as reduce_launch, load
 
@@ -65,20 +65,43 @@ def matmul(a, b, transpose_a=False, transpose_b=False, name=None):
 class Matrix:
     """One operand of a product ``Z = X·Y``, as a batch of I×J matrices: ``buf`` its buffer,
     ``P`` its product axes (batch and leading, aligned with the product's), ``I``, ``J`` the
-    matrix it stands for, stored transposed (J×I) where ``t``."""
+    matrix it stands for, stored transposed (J×I) where ``t``; ``st``: the strides of its
+    stored full shape (product axes, then the stored rows and columns) where it is not in C
+    order (a permute read or written in place: broadcast.strides), else None."""
     buf: str
     P: tuple
     I: int
     J: int
     t: bool = False
+    st: tuple = None
 
     @property
     def T(self):
         return replace(self, I=self.J, J=self.I, t=not self.t)
 
-    def element(self, base, i, j):
-        """The flat index of entry (i, j) of the matrix at product offset ``base``."""
-        return base * (self.I * self.J) + (j * self.I + i if self.t else i * self.J + j)
+    @property
+    def natural(self):
+        return self.st is None
+
+    def at(self, offset, i, j):
+        """The flat index of entry (i, j) of the matrix whose product starts at ``offset``."""
+        if self.st is None:
+            ri, rj = (1, self.I) if self.t else (self.J, 1)
+        else:
+            rows, cols = self.st[-2:]
+            ri, rj = (cols, rows) if self.t else (rows, cols)
+        return offset + i * ri + j * rj
+
+    def offset(self, P):
+        """Where this operand's matrix of product b (the z-index, over full product axes P)
+        starts."""
+        m, n, k, b = index.symbols()
+        if self.st is None:
+            grid = bc.Grid(P, [self.P])
+            return grid.index(self.P).subs(bc.symbols()[0], b) * (self.I * self.J)
+        cs = bc.coords(b, P)
+        return sum((c * s for c, s, d, D in zip(cs, self.st, self.P, P) if d == D and D > 1),
+                   0 * b)
 
 
 def _shared(x):
@@ -88,7 +111,7 @@ def _shared(x):
 def _rows_run(x):
     """Whether x's rows run on from one product's matrix to the next (entry (i, j) of product
     p at (p·I + i)·J + j)."""
-    return not x.t or x.I == 1 or x.J == 1
+    return x.natural and (not x.t or x.I == 1 or x.J == 1)
 
 
 @dataclass(frozen=True)
@@ -146,23 +169,18 @@ def plan(X, Y, Z, P):
         return tuple(x.P) == tuple(P)
     if count > 1 and full(X) and full(Z) and _shared(Y) and _rows_run(X) and _rows_run(Z):
         # rows (p, m): x·Wᵀ over the batch's rows
-        return Gemm(M * count, N, K, X, Y, Z, m * K + k, Y.element(0, k, n), m * N + n, 1)
+        return Gemm(M * count, N, K, X, Y, Z, m * K + k, Y.at(0, k, n), m * N + n, 1)
     if count > 1 and _shared(X) and full(Y) and full(Z) and _rows_run(Y.T) and _rows_run(Z.T):
         # Zᵀ = Yᵀ·Xᵀ, its rows (p, n): W·v for a column v per sample
-        return Gemm(N * count, M, K, Y.T, X.T, Z.T, m * K + k, X.T.element(0, k, n),
+        return Gemm(N * count, M, K, Y.T, X.T, Z.T, m * K + k, X.T.at(0, k, n),
                     m * M + n, 1, False)
     if count > 1 and _shared(Z) and full(X) and full(Y) and _rows_run(X.T) and _rows_run(Y):
         # one product summing over (p, k): a shared operand's gradient (dense's weight's)
-        return Gemm(M, N, K * count, X, Y, Z, k * M + m, k * N + n, Z.element(0, m, n), 1)
+        return Gemm(M, N, K * count, X, Y, Z, k * M + m, k * N + n, Z.at(0, m, n), 1)
     if tuple(Z.P) != tuple(P):
         return None
-    grid = bc.Grid(P, [X.P, Y.P, Z.P])
-    i = bc.symbols()[0]
-
-    def base(x):
-        return grid.index(x.P).subs(i, b)
-    return Gemm(M, N, K, X, Y, Z, X.element(base(X), m, k), Y.element(base(Y), k, n),
-                Z.element(b, m, n), count)
+    return Gemm(M, N, K, X, Y, Z, X.at(X.offset(P), m, k), Y.at(Y.offset(P), k, n),
+                Z.at(Z.offset(P), m, n), count)
 
 
 def oriented(g, per_column=False):
@@ -219,16 +237,23 @@ def _matrices(node, batch):
     a, b = node.inputs
     ta, tb = node.attrs["transpose_a"], node.attrs["transpose_b"]
     lead = len(node.shape) - 2
-    Pa = bc.full(a, batch, len(a.shape))[:-2]
-    Pb = bc.full(b, batch, len(b.shape))[:-2]
-    Pa = (Pa[0],) + bc.aligned(Pa[1:], lead)
-    Pb = (Pb[0],) + bc.aligned(Pb[1:], lead)
+
+    def product_axes(v):
+        full = bc.full(v, batch, len(v.shape))[:-2]
+        return (full[0],) + bc.aligned(full[1:], lead)
+
+    def strides(v):
+        """v's strides with its product axes aligned to P's (0 for those it lacks)."""
+        st = bc.strides(v, batch, get_op)
+        if st is None:
+            return None
+        return (st[0],) + (0,) * (lead - (len(v.shape) - 2)) + tuple(st[1:])
     P = bc.full(node, batch)[:-2]
     M, N = node.shape[-2:]
     K = a.shape[-2] if ta else a.shape[-1]
-    A = Matrix(None, Pa, M, K, ta)
-    B = Matrix(None, Pb, K, N, tb)
-    C = Matrix(None, P, M, N)
+    A = Matrix(None, product_axes(a), M, K, ta, strides(a))
+    B = Matrix(None, product_axes(b), K, N, tb, strides(b))
+    C = Matrix(None, P, M, N, st=strides(node))
     return A, B, C, P
 
 
@@ -238,6 +263,7 @@ class MatMul(Op):
     builder = matmul
     open = True
     product = True             # an expr of its output may be fused into it (takes_epilogue)
+    strided = True             # reads and writes a permute in place (Matrix.st)
 
     def infer(self, node):
         for f in ("transpose_a", "transpose_b"):

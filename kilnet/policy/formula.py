@@ -42,15 +42,15 @@ def _function(name, args):
     sp = made.sp
     from sympy.codegen.cfunctions import log1p
     if name == "where":
-        return sp.Piecewise((args[1], args[0]), (args[2], True), evaluate=False)
+        return sp.Piecewise((args[1], args[0]), (args[2], True))
     if name in ("max", "min"):
         # the first argument that attains the extreme: argument i where it is >= (max) every
         # later one, tried in order (an earlier one that failed is below some later one, so
         # below this one): the left fold max(max(a, b), c) with ties to the first
         rel = sp.Ge if name == "max" else sp.Le
-        branches = [(x, sp.And(*[rel(x, y, evaluate=False) for y in args[i + 1:]]))
+        branches = [(x, sp.And(*[rel(x, y) for y in args[i + 1:]]))
                     for i, x in enumerate(args[:-1])]
-        return sp.Piecewise(*branches, (args[-1], True), evaluate=False)
+        return sp.Piecewise(*branches, (args[-1], True))
     (x,) = args
     if name == "relu":
         return sp.Piecewise((x, x > 0), (0, True))
@@ -120,7 +120,8 @@ class _Builder:
                 self.fail(node, f"{name}() takes {want} argument(s), got {n}")
             args = [self.build(a, condition=(name == "where" and i == 0))
                     for i, a in enumerate(node.args)]
-            if name == "where" and not isinstance(args[0], sp.core.relational.Relational):
+            if name == "where" and not isinstance(args[0], (sp.core.relational.Relational,
+                                                             sp.logic.boolalg.BooleanAtom)):
                 self.fail(node, "where's first argument must be a comparison, e.g. x > 0")
             return _function(name, args)
         if isinstance(node, ast.Compare):
@@ -130,8 +131,10 @@ class _Builder:
                 self.fail(node, "write one comparison (a < b), not a chain")
             op = _COMPARE[type(node.ops[0])]
             a, b = self.build(node.left), self.build(node.comparators[0])
+            # evaluated: a comparison of two numbers is true or false, and where() then keeps
+            # one branch (SymPy cannot order such a comparison left unevaluated)
             return {"<": sp.Lt, "<=": sp.Le, ">": sp.Gt, ">=": sp.Ge, "==": sp.Eq,
-                    "!=": sp.Ne}[op](a, b, evaluate=False)
+                    "!=": sp.Ne}[op](a, b)
         self.fail(node, f"{type(node).__name__} is not allowed in a formula")
 
 
@@ -261,10 +264,25 @@ def _printer():
     return Printer
 
 
+def plain_conditions(expr):
+    """``expr`` with every ITE (SymPy's if-then-else of conditions, which a comparison of a
+    Piecewise turns into) written as and/or/not of its parts, and the literal true and false
+    that leaves simplified away: the printed C then holds no boolean literal, which a vector
+    ternary would read as false (its condition's lanes must be all bits set, -1, for true)."""
+    sp = _sp().sp
+    ITE = sp.logic.boolalg.ITE
+    if not expr.has(ITE):
+        return expr
+    return expr.replace(lambda e: isinstance(e, ITE),
+                        lambda e: sp.Or(sp.And(e.args[0], e.args[1]),
+                                        sp.And(sp.Not(e.args[0]), e.args[2])))
+
+
 def to_c(expr, rename):
     """``expr`` as C, its symbols renamed by ``rename`` ({Symbol: C name}); numbers that are
     not integers folded into single literals (sqrt(2) and the like)."""
     sp = _sp().sp
+    expr = plain_conditions(expr)
     expr = expr.xreplace({s: sp.Symbol(n, real=True) for s, n in rename.items()})
     expr = expr.replace(lambda e: e.is_number and not e.is_Rational and not e.is_Float,
                         lambda e: sp.Float(sp.N(e, 17)))

@@ -41,6 +41,11 @@ def _made():
             s = Sigmoid(self.args[0])
             return s * (1 - s)
 
+        @classmethod
+        def eval(cls, arg):
+            if arg.is_Number:          # σ of a number is a number (kn.expr's formulas)
+                return 1 / (1 + sp.exp(-arg))
+
     activations = {
         "none": x,
         "tanh": sp.tanh(x),
