@@ -84,6 +84,22 @@ def _parsed(text, names, sources):
     return e, tuple(symbols)
 
 
+def _calls(e):
+    """The functions a printed expression calls: what a derivative costs to compute."""
+    sp = formulas._sp().sp
+    return len(e.atoms(sp.Function)) + sum(1 for p in e.atoms(sp.Pow) if not p.exp.is_Integer)
+
+
+def _of_output(d, e, y, stored):
+    """Derivative ``d`` with the formula's own value ``e`` read from the output (symbol y)
+    where that saves calls: tanh(z + b)'s is 1 − y², σ's y(1 − y), exp's y (as dense reads
+    tanh' off its output), so backward reads y rather than computing tanh again."""
+    if not stored or e.is_Symbol:
+        return d
+    alt = d.subs(e, y)
+    return alt if _calls(alt) < _calls(d) else d
+
+
 def parsed(node):
     a = node.attrs
     return _parsed(a["formula"], tuple(a["names"]), tuple(a["sources"]))
@@ -132,19 +148,27 @@ class Expr(Op):
         F = bc.full(node, ctx.batch)
         xs = _operands(node, ctx.batch)
         sp = formulas._sp().sp
-        g = sp.Symbol("g", real=True)
-        terms = {k: g * formulas.derivative(e, syms[k]) for k in wanted}
+        g, y = sp.Symbol("g", real=True), sp.Symbol("y", real=True)
+        stored = not node.meta.get("fused_into")      # a formula fold never stores the value
+        terms = {k: g * _of_output(formulas.derivative(e, syms[k]), e, y, stored)
+                 for k in wanted}
+        buffers = {"dout": ctx.dy, "y": ctx.y if stored else None,
+                   **{f"in{k}": ctx.x(k) for k in range(len(xs))}}
+
+        def operands(reads):
+            ops = [(g, "dout", F)] if g in reads else []
+            ops += [(y, "y", F)] if y in reads else []
+            return ops + [(syms[k], f"in{k}", xs[k]) for k in range(len(xs))
+                          if syms[k] in reads]
         ks = []
         whole = [k for k in wanted if tuple(xs[k]) == F]
         if whole:
-            grid = bc.Grid(F, xs)
             reads = set().union(*(terms[k].free_symbols for k in whole))
-            operands = [(g, "dout", F)] if g in reads else []
-            operands += [(syms[k], f"in{k}", xs[k]) for k in range(len(xs)) if syms[k] in reads]
-            lets, stores, run = map_program(grid, operands, [(f"din{k}", terms[k], ctx.acc(k))
-                                                             for k in whole])
-            bufs = {arg: (ctx.dy if arg == "dout" else ctx.x(int(arg[2:])))
-                    for _, arg, _ in operands}
+            ops = operands(reads)
+            grid = bc.Grid(F, [shape for _, _, shape in ops])
+            lets, stores, run = map_program(grid, ops, [(f"din{k}", terms[k], ctx.acc(k))
+                                                        for k in whole])
+            bufs = {arg: buffers[arg] for _, arg, _ in ops}
             bufs.update({f"din{k}": out(ctx.dx(k), ctx.acc(k)) for k in whole})
             ks.append(map_stores(ctx, "backward_input", grid.size, bufs, stores, lets, run=run))
         shapes = []
@@ -153,13 +177,11 @@ class Expr(Op):
                 shapes.append(tuple(xs[k]))
         for n, shape in enumerate(shapes):
             group = [k for k in wanted if tuple(xs[k]) == shape]
-            grid = bc.Grid(F, xs, reduced=bc.stretched(shape, F))
             reads = set().union(*(terms[k].free_symbols for k in group))
-            operands = [(g, "dout", F)] if g in reads else []
-            operands += [(syms[k], f"in{k}", xs[k]) for k in range(len(xs)) if syms[k] in reads]
-            pass_ = reduce_program(grid, operands, [(f"s{k}", terms[k]) for k in group])
-            bufs = {arg: (ctx.dy if arg == "dout" else ctx.x(int(arg[2:])))
-                    for _, arg, _ in operands}
+            ops = operands(reads)
+            grid = bc.Grid(F, [s_ for _, _, s_ in ops] + [shape], reduced=bc.stretched(shape, F))
+            pass_ = reduce_program(grid, ops, [(f"s{k}", terms[k]) for k in group])
+            bufs = {arg: buffers[arg] for _, arg, _ in ops}
             bufs.update({f"din{k}": out(ctx.dx(k), ctx.acc(k)) for k in group})
             step = "backward_input" + (f".{n + 1}" if whole or n else "")
             ks.append(reduce_launch(ctx, step, grid, bufs, [pass_],
