@@ -15,6 +15,7 @@ that covers it must fail (issue 29). Which check covers which transformation:
 | the formula fold (compiler/fusion.py: an expr computed by the reduction that reads it, never stored) | the count of the expr's readers, ``Op.formula``, ``Op.folds_formula`` | the loss against the reference and gradients against central differences (below; test_fusions.py bit for bit) |
 | the permute fold (compiler/fusion.py: a permute read in place by the matmuls that alone read it, or stored into by the product it alone reads) | ``Op.strided`` of every reader, the count of the product's readers | the loss against the reference and gradients against central differences (below; test_fusions.py bit for bit) |
 | the gradient alias (compiler/fusion.py: z's gradient in z + b is the sum's buffer) | ``Op.identity_inputs``, the count of the gradient's writers (``grad_writers``) | gradients against central differences (below; test_fusions.py bit for bit) |
+| a folded formula's backward done by its reader (compiler/lower.py ``through``) | ``Op.backward_through_formula`` | gradients against central differences (below; test_fusions.py against the formula's own backward) |
 """
 import importlib
 
@@ -208,5 +209,25 @@ def test_an_input_said_to_pass_its_gradient_through_fails_the_gradient_check(mon
     check_gradients(graph(), {"y": "mse"}, 2)                          # the truth passes
     expr = importlib.import_module("kilnet.ops.expr")
     monkeypatch.setattr(expr.Expr, "identity_inputs", lambda self, node, batch: [0])
+    with pytest.raises(AssertionError):
+        check_gradients(graph(), {"y": "mse"}, 2)
+
+
+def test_a_reader_said_to_do_its_formulas_backward_fails_the_gradient_check(monkeypatch):
+    """log_softmax of x·0.5 folded, its backward said to write x's gradient while it writes
+    only its own input's, which is then never stored: x gets none."""
+    def graph():
+        g = kn.Graph("through_lie")
+        s = kn.log_softmax(kn.expr("x * 0.5", x=g.input("x", (2, 3))))
+        g.output("y", kn.dense(s, 2))
+        return g
+    check_gradients(graph(), {"y": "mse"}, 2)                          # the truth passes
+    reductions = importlib.import_module("kilnet.ops.reductions")
+    real = reductions._AlongAxis.backward
+
+    def ignores_through(self, node, ctx):
+        ctx.through = None
+        return real(self, node, ctx)
+    monkeypatch.setattr(reductions._AlongAxis, "backward", ignores_through)
     with pytest.raises(AssertionError):
         check_gradients(graph(), {"y": "mse"}, 2)

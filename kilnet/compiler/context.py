@@ -21,6 +21,10 @@ class Context:
         self._dx, self._acc = {}, {}
         # what the node's launches read as inputs: the folded add's terms where it has them
         self.inputs = inputs_of(node)
+        # (SymPy expression, its operands, [(symbol, argument, gradient buffer, accumulate)]):
+        # where the lowering asks this node's backward to write the gradients of its folded
+        # formula's inputs (fold_formulas) instead of the formula's own, else None
+        self.through = None
 
     def x(self, i):
         return self._l.value_buffer(self.inputs[i])

@@ -249,7 +249,8 @@ def alias_gradients(graph, batch, writers, wants, dead=()):
     reads)."""
     alias = {}
     for node in graph.nodes:
-        if node.op == "input" or node.name in dead or viewed(node) or stored(node):
+        if node.op == "input" or node.name in dead or viewed(node) or stored(node) or \
+                node.meta.get("fused_into"):     # a folded formula's backward may be its reader's
             continue
         for k in get_op(node.op).identity_inputs(node, batch):
             r = root(node.inputs[k])

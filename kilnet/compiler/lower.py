@@ -14,6 +14,7 @@ from math import prod
 
 from ..errors import CompileError, DeadBranchWarning, warn_caller
 from ..kernels.base import GUARD_ARG, Collective, Use, full_name, inout, spanning
+from ..kernels.broadcast import full as full_shape
 from ..kernels.losses import check_spec as check_loss_spec  # noqa: F401  (lower.check_loss_spec)
 from ..ops import get_op
 from ..policy import memory, names
@@ -214,9 +215,10 @@ class Lowering:
                     root(node).name not in written:
                 continue
             ctx = Context(self, node, True)
-            for i, inp in enumerate(ctx.inputs):
-                if i not in op.index_inputs(node):     # integer ids get no gradient
-                    contribute(ctx, i, inp)
+            if not self.through(node, op, ctx, wants, contribute):
+                for i, inp in enumerate(ctx.inputs):
+                    if i not in op.index_inputs(node):     # integer ids get no gradient
+                        contribute(ctx, i, inp)
             self.choose_outer(node, op, ctx)
             start = len(self.launches)
             self.emit(node.name, Phase.BACKWARD, op.backward(node, ctx))
@@ -234,6 +236,30 @@ class Lowering:
             self.summed = summed_updates.fold(self.launches, self.sums,
                                               {names.grad(p): p for p in self.params},
                                               self.buffers, UPDATE_SUM_ROWS)
+
+    def through(self, node, op, ctx, wants, contribute):
+        """Where ``node`` folded its input's formula (fold_formulas) and its backward can write
+        that formula's inputs' gradients (``Op.backward_through_formula``: every input that
+        wants one has the formula's full shape), decide those gradients and hand them to it
+        (``Context.through``): the formula's own gradient is then never written, so its
+        backward does not run. Returns whether it did."""
+        name = node.meta.get("formula_input")
+        if name is None or not op.backward_through_formula(node, self.target):
+            return False
+        src = self.graph.node(name)
+        sop = get_op(src.op)
+        F = full_shape(src, self.batch)
+        wanted = [k for k, v in enumerate(src.inputs) if wants[v.name]]
+        if any(k in sop.index_inputs(src) or
+               full_shape(src.inputs[k], self.batch, len(src.shape)) != F for k in wanted):
+            return False
+        expr, syms = sop.formula(src)
+        inner = Context(self, src, True)
+        for k in wanted:
+            contribute(inner, k, src.inputs[k])
+        grads = [(syms[k], f"dg{k}", inner.dx(k), inner.acc(k)) for k in wanted if inner.dx(k)]
+        ctx.through = (expr, ctx.folded_formula()[1], grads)
+        return True
 
     def check_outer(self, launches):
         """Every one of a node's backward ``launches`` that writes a gradient the optimizer forms

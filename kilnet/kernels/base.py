@@ -324,6 +324,12 @@ class Op:
         (``folds_formula``); else None."""
         return None
 
+    def backward_through_formula(self, node, target):
+        """Whether this op's backward, where it folded its input's formula, can write that
+        formula's inputs' gradients itself (``Context.through``: every one of the formula's
+        full shape), so that the formula's own gradient is never stored."""
+        return False
+
     def folds_formula(self, node, target):
         """Whether this op, on ``target``, can compute its input 0 from that input's formula
         as it reads it (``Context.folded_formula``), so that the input is never stored."""

@@ -68,3 +68,16 @@ def value_lets(grid, operands, expr, name="x"):
     idx, vals, names, ok = _reads(grid, operands, False)
     lets, (printed,) = _printed([expr], names)
     return idx + vals + lets + [("T", name, printed)], ok
+
+
+def gradient_stores(grid, operands, expr, value, grads, index="j"):
+    """(lets, stores, vector ok) of a reduce.cl.j2 pass whose element has ``value`` (a SymPy
+    symbol a let before them binds: the gradient of a folded formula ``expr``'s value there),
+    storing for each of ``grads`` [(symbol of an input of the formula's full shape, argument,
+    accumulate)] its gradient, value·∂expr/∂input, at ``index``: the formula's backward done by
+    the reduction that computed it (compiler/lower.py, ``Context.through``)."""
+    idx, vals, names, ok = _reads(grid, operands, False)
+    names[value] = str(value)
+    lets, printed = _printed([value * formula.derivative(expr, sym) for sym, _, _ in grads],
+                             names)
+    return idx + vals + lets, [(arg, index, p, acc) for (_, arg, acc), p in zip(grads, printed)], ok

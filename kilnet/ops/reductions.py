@@ -31,7 +31,8 @@ from ..graph import graph_of
 from ..kernels import broadcast as bc
 from ..kernels import index
 from ..kernels.base import GraphError, Op, need, out, register
-from ..kernels.programs import value_lets
+from ..kernels.programs import gradient_stores, map_program, value_lets
+from ..policy import formula as formulas
 from ..kernels.reduce import launch as reduce_launch, load
 from .add import map_stores
 
@@ -162,7 +163,12 @@ class _Reduction(Op):
                 post.append(("arg", "a", False))
         return [reduce_launch(ctx, "forward", grid, bufs, passes, post)]
 
+    def backward_through_formula(self, node, target):
+        return node.op in ("sum", "mean")
+
     def backward(self, node, ctx):
+        if ctx.through:
+            return [self._through(node, ctx)]
         if not ctx.dx(0):
             return []
         kind, axes = node.op, tuple(node.attrs["axis"])
@@ -191,6 +197,24 @@ class _Reduction(Op):
         bufs["dinp"] = out(ctx.dx(0), ctx.acc(0))
         return [map_stores(ctx, "backward_input", grid.size, bufs,
                            [("dinp", e, ctx.acc(0))], lets, vectors=vectors, run=grid.run)]
+
+    def _through(self, node, ctx):
+        """sum's or mean's backward through its folded formula: each input of the formula gets
+        dy (over the count, mean) times its derivative, at every element."""
+        axes = tuple(node.attrs["axis"])
+        F = bc.full(node.inputs[0], ctx.batch)
+        Fo = _kept_shape(F, axes)
+        expr, operands, grads = ctx.through
+        sp = formulas._sp().sp
+        g = sp.Symbol("g", real=True)
+        scale = 1 if node.op == "sum" else sp.Rational(1, _count(F, axes))
+        ops = [(g, "dout", Fo)] + [(s_, a, sh) for s_, a, sh, _ in operands]
+        grid = bc.Grid(F, [sh for _, _, sh in ops])
+        lets, stores, run = map_program(grid, ops, [
+            (a, g * scale * formulas.derivative(expr, s_), c) for s_, a, _, c in grads])
+        bufs = {"dout": ctx.dy, **{a: b for _, a, _, b in operands},
+                **{a: out(b, c) for _, a, b, c in grads}}
+        return map_stores(ctx, "backward_input", grid.size, bufs, stores, lets, run=run)
 
     def onnx(self, node, e):
         axes = [a + 1 for a in node.attrs["axis"]] if node.batched else list(node.attrs["axis"])
@@ -247,10 +271,12 @@ def along_axis_forward(ctx, softmax, F, axes, inp, y, formula=None):
     return reduce_launch(ctx, "forward", grid, dict(bufs, out=out(y)), [first, second, third], [])
 
 
-def along_axis_backward(ctx, softmax, F, axes, y, dy, dx, acc):
+def along_axis_backward(ctx, softmax, F, axes, y, dy, dx, acc, through=None):
     """dx (=|+=) y·(dy − Σ y·dy) (softmax) or dy − e^y·Σ dy (log-softmax) along ``axes``, from
-    the output y."""
-    grid = bc.Grid(F, [F], reduced=axes)
+    the output y. ``through`` (Context.through): that value is the gradient of a folded
+    formula's value, and the pass stores the formula's inputs' gradients from it instead."""
+    shapes = [F] + ([shape for _, _, shape, _ in through[1]] if through else [])
+    grid = bc.Grid(F, shapes, reduced=axes)
     let, yv, vec = load(grid, "out", F, "j")
     g = yv.replace("out", "dout")
     if softmax:
@@ -260,10 +286,22 @@ def along_axis_backward(ctx, softmax, F, axes, y, dy, dx, acc):
     else:
         first = dict(lets=[let, ("T", "g", g)], accs=[("d", "+", "g")], vector=vec)
         value = "g - exp(y) * d"
-    second = dict(lets=[let, ("T", "y", yv), ("T", "g", g)], stores=[("dinp", "j", value, acc)],
-                  vector=vec)
-    return reduce_launch(ctx, "backward_input", grid,
-                         {"out": y, "dout": dy, "dinp": out(dx, acc)}, [first, second], [])
+    bufs = {"out": y, "dout": dy}
+    lets = [let, ("T", "y", yv), ("T", "g", g)]
+    if through is None:
+        stores = [("dinp", "j", value, acc)]
+        bufs["dinp"] = out(dx, acc)
+    else:
+        expr, operands, grads = through
+        v = formulas._sp().sp.Symbol("v", real=True)
+        more, stores, ok = gradient_stores(grid, [(s_, a, sh) for s_, a, sh, _ in operands],
+                                           expr, v, [(s_, a, c) for s_, a, _, c in grads])
+        lets += [("T", "v", value)] + more
+        vec = vec and ok
+        bufs.update({a: b for _, a, _, b in operands})
+        bufs.update({a: out(b, c) for _, a, b, c in grads})
+    second = dict(lets=lets, stores=stores, vector=vec)
+    return reduce_launch(ctx, "backward_input", grid, bufs, [first, second], [])
 
 
 class _AlongAxis(Op):
@@ -285,12 +323,15 @@ class _AlongAxis(Op):
         return [along_axis_forward(ctx, node.op == "softmax_axis", F, [node.attrs["axis"] + 1],
                                    None if formula else ctx.x(0), ctx.y, formula)]
 
+    def backward_through_formula(self, node, target):
+        return True
+
     def backward(self, node, ctx):
-        if not ctx.dx(0):
+        if not ctx.dx(0) and not ctx.through:
             return []
         F = bc.full(node.inputs[0], ctx.batch)
         return [along_axis_backward(ctx, node.op == "softmax_axis", F, [node.attrs["axis"] + 1],
-                                    ctx.y, ctx.dy, ctx.dx(0), ctx.acc(0))]
+                                    ctx.y, ctx.dy, ctx.dx(0), ctx.acc(0), ctx.through)]
 
     def onnx(self, node, e):
         axis = node.attrs["axis"] + (1 if node.batched else 0)

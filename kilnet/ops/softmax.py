@@ -113,7 +113,14 @@ class Softmax(Op):
             return [along_axis_forward(ctx, True, *self._rows(node, ctx), ctx.x(0), ctx.y)]
         return [_launch("forward", node, ctx, "forward", {"inp": ctx.x(0), "out": out(ctx.y)})]
 
+    def backward_through_formula(self, node, target):
+        return self.folds_formula(node, target)
+
     def backward(self, node, ctx):
+        if ctx.through:              # the formula's full shape, its segment's axes
+            return [along_axis_backward(ctx, True, bc.full(node, ctx.batch),
+                                        self._segment_axes(node), ctx.y, ctx.dy, None, False,
+                                        ctx.through)]
         if not ctx.dx(0):
             return []
         if ctx.target.kind == "cpu":
