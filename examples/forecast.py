@@ -320,9 +320,10 @@ def _period(seconds):
     return f"{seconds:g} s"
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+def series_arguments(ap):
+    """The options that say where the series is and how it is windowed, which
+    patch_forecast.py shares: --csv and its columns, missing values, --steps, --batch,
+    --history, --horizon."""
     ap.add_argument("--csv", metavar="PATH", help="a CSV with a date and a value column (see above)")
     ap.add_argument("--date-column", metavar="NAME",
                     help="the date column (default: found from the header, see above)")
@@ -333,6 +334,16 @@ def main(argv=None):
                          "(interpolate, the default), drop their rows, or stop with an error")
     ap.add_argument("--na-value", action="append", default=[], metavar="TEXT",
                     help="a sentinel that also means missing, such as -999.99 (repeatable)")
+    ap.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
+    ap.add_argument("--batch", type=int, default=32, help="windows per step (default 32)")
+    ap.add_argument("--history", type=int, default=64, help="past values the model sees (default 64)")
+    ap.add_argument("--horizon", type=int, default=14, help="values forecast at once (default 14)")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    series_arguments(ap)
     ap.add_argument("--model", choices=MODELS, default="conv",
                     help="the encoder: multi-window convolution (conv, the default), an LSTM "
                          "(lstm) or causal self-attention (attention)")
@@ -342,10 +353,6 @@ def main(argv=None):
                     help="--model attention: attention heads (default 2)")
     ap.add_argument("--key-dim", type=int, metavar="K",
                     help="--model attention: each head's key and value width (default 8)")
-    ap.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
-    ap.add_argument("--batch", type=int, default=32, help="windows per step (default 32)")
-    ap.add_argument("--history", type=int, default=64, help="past values the model sees (default 64)")
-    ap.add_argument("--horizon", type=int, default=14, help="values forecast at once (default 14)")
     ap.add_argument("--width", type=int, default=16, help="embedding width (default 16)")
     ap.add_argument("--lr", type=float, help="Adam learning rate (default 3e-3; 1e-3 for --model lstm)")
     ap.add_argument("--test-fraction", type=float, default=0.2,

@@ -318,20 +318,7 @@ def train(csv_path=None, date_column=None, value_column=None, steps=600, batch=3
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__.split("\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--csv", metavar="PATH", help="a CSV with a date and a value column (see above)")
-    ap.add_argument("--date-column", metavar="NAME",
-                    help="the date column (default: found from the header, see above)")
-    ap.add_argument("--value-column", metavar="NAME",
-                    help="the value column (default: value, y, close, ... or the only numeric one)")
-    ap.add_argument("--missing", choices=timeseries_csv.MISSING, default="interpolate",
-                    help="missing values (empty cells, NA, NaN, null): fill linearly in time "
-                         "(interpolate, the default), drop their rows, or stop with an error")
-    ap.add_argument("--na-value", action="append", default=[], metavar="TEXT",
-                    help="a sentinel that also means missing, such as -999.99 (repeatable)")
-    ap.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
-    ap.add_argument("--batch", type=int, default=32, help="windows per step (default 32)")
-    ap.add_argument("--history", type=int, default=64, help="past values the model sees (default 64)")
-    ap.add_argument("--horizon", type=int, default=14, help="values forecast at once (default 14)")
+    forecast.series_arguments(ap)
     ap.add_argument("--patch-length", type=int, default=16, metavar="P",
                     help="values per patch (default 16)")
     ap.add_argument("--stride", type=int, default=8, metavar="S",
