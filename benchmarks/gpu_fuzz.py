@@ -1,10 +1,13 @@
 """The default GPU path against separate launches against the float64 reference, on random graphs
 (issue 29). Run it again after any change to compiler/plan_kernel.py, fusion or the schedules.
 
-Each graph comes from the fuzzer's generator (tests/random_graphs.py: core and article ops, a
-second input, fan-out, dead branches, concatenations with an input between computed parts) and
-is compiled in float64 for the device with kilnet's defaults (on NVIDIA: the plan kernel with
-merged stages), once with SGD (momentum 0.9) and once with Adam. The same plan also runs as
+Each graph comes from the fuzzer's generator (tests/random_graphs.py: core and article ops, the
+open language's primitives with parameters and constants broadcast over the batch, a second
+input, fan-out, dead branches, concatenations with an input between computed parts, some graphs
+with losses of their own, g.loss) and is compiled in float64 for the device with kilnet's
+defaults (on NVIDIA: the plan kernel with merged stages), once with SGD (momentum 0.9) and once
+with Adam, with an mse loss on every output or, for a graph with losses of its own, loss=None
+(random_graphs.loss_for; its targets are graph inputs). The same plan also runs as
 separate launches (the plan kernel's submitter taken away). Then:
 
 - forward (inference mode) and the first training-mode loss, both paths, against the numpy
@@ -39,6 +42,11 @@ def _optimizers():
     import kilnet as kn
     return {"sgd": lambda: kn.SGD(lr=0.05, momentum=0.9), "adam": lambda: kn.Adam(lr=0.01, eps=1e-6)}
 
+
+# the node kinds of the open language's primitives (docs/DESIGN.md section 2.1), for the report
+PRIMITIVE_OPS = {"parameter", "constant", "expr", "matmul", "sum", "mean", "max", "min",
+                 "logsumexp", "softmax_axis", "log_softmax", "slice", "permute", "concat_axis",
+                 "take", "stop_gradient"}
 
 WIDE = -10000   # indices from here down: the wide graphs (``wide``), after the corpus's
 
@@ -82,7 +90,7 @@ def one(index, seed, device, plant=None, dtype="float64"):
                                           max_ops=6)
     dead = [n.name for n in g.dead()]
     rec = dict(index=index, corpus=name, batch=batch, inputs=len(g.inputs), dead=dead, runs=[],
-               ops=[n.op for n in g.nodes if n.op != "input"])
+               ops=[n.op for n in g.nodes if n.op != "input"], losses=len(g.losses))
     for opt in ("sgd", "adam"):
         run = dict(optimizer=opt, problems=[])
         rec["runs"].append(run)
@@ -100,7 +108,7 @@ def one_run(run, rec, g, batch, dead, index, seed, device, dtype):
     opt = run["optimizer"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", kn.DeadBranchWarning)
-        fast = kn.compile(g, batch=batch, optimizer=_optimizers()[opt](), loss="mse",
+        fast = kn.compile(g, batch=batch, optimizer=_optimizers()[opt](), loss=rg.loss_for(g),
                           dtype=dtype, device=device, seed=abs(index))
     run["path"] = fast._exec.submit.name
     rec["folded"] = any(n.meta.get("terms") for n in fast.plan.graph.nodes)
@@ -188,7 +196,7 @@ def line(rec):
                      f"summed; ref {r['worst']['reference']:.1e}, "
                      f"paths {r['worst']['paths']:.1e}]")
     text = (f"graph {rec['index']:4d}{' (' + rec['corpus'] + ')' if rec['corpus'] else ''} "
-            f"b{rec['batch']} in{rec['inputs']} "
+            f"b{rec['batch']} in{rec['inputs']}{' losses' + str(rec['losses']) if rec.get('losses') else ''} "
             f"{'+'.join(rec['ops'])}{' dead=' + ','.join(rec['dead']) if rec['dead'] else ''}: "
             + "; ".join(parts))
     for r in rec["runs"]:
@@ -232,7 +240,9 @@ def main():
             f"# graphs: {len(recs)}; with a dead branch: {sum(bool(r.get('dead')) for r in recs)}; "
             f"with two inputs: {sum(r.get('inputs', 0) > 1 for r in recs)}; with a concat: "
             f"{sum('concat' in r.get('ops', ()) for r in recs)}; with an add folded into a norm: "
-            f"{sum(bool(r.get('folded')) for r in recs)}",
+            f"{sum(bool(r.get('folded')) for r in recs)}; with primitives: "
+            f"{sum(bool(PRIMITIVE_OPS & set(r.get('ops', ()))) for r in recs)}; with losses of "
+            f"their own: {sum(bool(r.get('losses')) for r in recs)}",
             f"# runs (graph x optimizer): {len(runs)}; through the plan kernel: "
             f"{sum(r['path'] == 'plan kernel' for r in runs)}; stages shared by several phases "
             f"in {sum(r['phases'] > r['stages'] for r in runs)}; with sliced products: "

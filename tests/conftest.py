@@ -100,8 +100,9 @@ SLOW = {
     "tests/test_forecast.py::test_lstm_and_attention_models_learn_the_synthetic_series*":
         "the forecaster's lstm and attention models learning (issue 46's example): 6-8 s cold",
     "tests/test_oclgrind.py::test_kernels_run_clean[[]*":
-        "every kernel family under Oclgrind, an interpreter: 210 s of test time together "
-        "(the two tests that prove the harness reports bad accesses stay in the main run)",
+        "every kernel family under Oclgrind, an interpreter: 210 s of test time together, and "
+        "the primitives' script (oclgrind_primitives.py) 15-100 s more, cold or warm (the two "
+        "tests that prove the harness reports bad accesses stay in the main run)",
     "tests/test_export.py::test_runner_matches_python_on_every_example[[]*":
         "the C runner on every example: 68 s (the runner's own tests stay in the main run)",
     "tests/test_kernel_forms.py::*[[]pocl-*":

@@ -14,6 +14,9 @@ declaration fail on any device, without a GPU:
   Under Oclgrind any access outside a declared range is an invalid access.
 
 Both compare every call's results and, at the end, every parameter, moment and piece of state.
+A graph with losses of its own (g.loss) trains with loss=None and no targets
+(random_graphs.loss_for, targets_for); its plan without an optimizer still computes the
+objective, so there its gradients and value are compared too.
 Used by tests/test_plan_checks.py (fuzzed graphs and the corpus of graphs that once failed),
 tests/oclgrind_extents.py (the same under Oclgrind, both kernel forms) and
 benchmarks/gpu_fuzz.py.
@@ -39,10 +42,13 @@ CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz_corpus")
 OPTIMIZERS = {"sgd": lambda: kn.SGD(lr=0.1, momentum=0.9), "adam": lambda: kn.Adam(lr=0.01)}
 
 
-def staged_plan(graph, batch, optimizer, dtype="float64", device=None, loss="mse"):
+def staged_plan(graph, batch, optimizer, dtype="float64", device=None, loss=...):
     """(plan to run as separate launches, its PlanKernel record, device): the plan compiled for
     ``device`` with the plan kernel on, whatever the device's own choice; the plan kernel's
-    source is left out of what runs (a CPU runtime may not build it)."""
+    source is left out of what runs (a CPU runtime may not build it). ``loss`` defaults to
+    random_graphs.loss_for(graph) ("mse", or None for a graph with losses of its own)."""
+    if loss is ...:
+        loss = rg.loss_for(graph)
     dev = select(device)
     target = dataclasses.replace(Target.of(dev), plan_kernel=True)
     plan = lower(graph, batch, optimizer, check_loss_spec(graph, loss), dtype, target=target)
@@ -94,13 +100,19 @@ def in_order(model, pk, mode, seed=0):
 def exercise(model, graph, batch, seed, steps=3):
     """Every call a model serves, on data drawn from ``seed``: [(what, array)] in order, ending
     with every parameter, moment and piece of state. An inference plan (no optimizer) runs
-    forward on ``steps`` batches."""
+    forward on ``steps`` batches, and where the graph has losses of its own (which such a plan
+    still computes) their gradients and value too."""
     rng = np.random.default_rng(seed)
     out = []
     if model.optimizer is None:
         for step in range(steps):
-            for k, v in model.forward(rg.feeds_for(graph, batch, rng)).items():
+            f = rg.feeds_for(graph, batch, rng)
+            for k, v in model.forward(f).items():
                 out.append((f"forward {step + 1} {k}", v))
+            if graph.losses:
+                for k, v in model.gradients(f, {}).items():
+                    out.append((f"gradient {step + 1} {k}", v))
+                out.append((f"evaluate {step + 1}", np.float64(model.evaluate(f, {}))))
         return out
     for step in range(steps):
         f, t = rg.feeds_for(graph, batch, rng), rg.targets_for(graph, batch, rng)
@@ -136,7 +148,7 @@ def check(graph, batch, optimizer="adam", dtype="float64", modes=("reverse", "sh
     plans = []
     for opt in [optimizer] + ([None] if inference else []):
         plan, pk, dev = staged_plan(graph, batch, opt and OPTIMIZERS[opt](), dtype, device,
-                                    loss="mse" if opt else None)
+                                    loss=rg.loss_for(graph) if opt else None)
         kind = "training" if opt else "inference"
         want = exercise(Model(plan, dev, seed=seed), graph, batch, seed)
         for mode in modes:
@@ -187,6 +199,28 @@ def concat_between():
     a = kn.conv1d(x, 2, window=1)
     b = kn.conv1d(x, 4, window=1, activation="tanh")
     g.output("o", kn.concat(a, y, b))
+    return g
+
+
+def primitives_graph():
+    """The open language's primitives (docs/DESIGN.md section 2.1) side by side, so that stages
+    share their launches, with losses written in the graph: a folded product and an expr of it
+    with a bias, a parameter's gradient summed over the batch, reductions, softmax along an
+    axis, slice, permute, concat along an axis with a parameter, take, stop_gradient, a loss
+    on the output against a target input and one on parameters alone."""
+    g = kn.Graph("primitives")
+    x, ids = g.input("x", (5, 3)), g.input("ids", (2,))
+    w, b = g.parameter("w", (4, 3)), g.parameter("b", (4,), init="zeros")
+    h = kn.expr("tanh(z + b)", z=kn.matmul(x, w, transpose_b=True), b=b)           # (5, 4)
+    e = kn.expr("x*p + q", x=x, p=g.parameter("p", (3,)), q=g.parameter("q", (5, 1)))
+    r = kn.concat(kn.sum(h, axis=0), kn.max(e, axis=-1), kn.logsumexp(h, axis=1), axis=0)
+    s = kn.softmax(kn.permute(kn.slice(e, 0, -4, None, 2), (1, 0)), axis=0)      # (3, 2)
+    t = kn.take(kn.stop_gradient(h), ids, axis=0)                                 # (2, 4)
+    k = kn.concat(kn.reshape(s, (6,)), kn.reshape(t, (8,)), g.parameter("c", (2,)), r, axis=0)
+    y = kn.matmul(g.parameter("v", (3, 1, 30)), kn.reshape(k, (30, 1)))           # (3, 1, 1)
+    g.output("y", y)
+    g.loss(kn.expr("(y - t)**2", y=y, t=g.input("t", y.shape)))
+    g.loss(kn.expr("w*w", w=w), weight=0.01)
     return g
 
 

@@ -1,7 +1,11 @@
 """An independent numpy float64 reference of kilnet's ops, losses and optimizers.
 
 Written from docs/DESIGN.md section 2 only (never from kilnet's kernels). Every function takes and
-returns batched arrays: axis 0 is the batch, the rest is the per-sample shape.
+returns batched arrays: axis 0 is the batch, the rest is the per-sample shape. A value without a
+batch axis (a parameter, a constant, or what the primitives of section 2.1 compute from them
+alone) is an array with an axis 0 of 1, which NumPy stretches over the batch once per-sample
+ranks are aligned behind it. ``interpret`` and ``ref_loss`` run a whole graph (losses written in
+the graph included), ``expr`` evaluating the stored formula with NumPy functions.
 """
 import math
 
@@ -395,30 +399,67 @@ OPS["lstm"] = lambda n, xs, P, t: lstm(xs[0], *(P[f"{n.name}.{k}"] for k in
                                                ("weight_ih", "weight_hh", "bias_ih", "bias_hh")),
                                        n.attrs["sequences"])
 
-def interpret(graph, P, feeds, training, at=None):
-    """Every output of ``graph``, batched, in float64, from the table of ops above (``OPS``, by
-    op name). ``P`` maps parameter (and state) names to arrays; batch norm uses batch statistics
-    when ``training``; dropout draws the masks of ``at`` (updates AT: seed, step,
-    first_sample)."""
+def values(graph, P, feeds, training, at=None, frozen=None):
+    """Every node's value (by node name), in float64: values per sample with the batch as axis
+    0, values without a batch axis (parameters, constants and what is computed from them alone)
+    with an axis of 1 there. ``frozen``: {stop_gradient node: value} to use instead of
+    computing them (``stopped``)."""
     AT.update(at or {})
+    batch = len(next(iter(feeds.values()))) if feeds else 1
     vals = {}
     for node in graph.nodes:
         xs = [vals[i.name] for i in node.inputs]
         if node.op == "input":
             y = f64(feeds[node.name])
+        elif frozen and node.name in frozen:
+            y = f64(frozen[node.name])
         elif node.op in OPS:
             y = OPS[node.op](node, xs, P, training)
         else:
             raise AssertionError(f"interpreter has no op {node.op!r}")
-        assert y.shape == (len(y),) + node.shape, (node, y.shape)
+        lead = batch if node.batched else 1
+        assert y.shape == (lead,) + node.shape, (node, y.shape)
         vals[node.name] = y
+    return vals
+
+
+def interpret(graph, P, feeds, training, at=None, frozen=None):
+    """Every output of ``graph``, batched, in float64, from the table of ops above (``OPS``, by
+    op name). ``P`` maps parameter (and state) names to arrays; batch norm uses batch statistics
+    when ``training``; dropout draws the masks of ``at`` (updates AT: seed, step,
+    first_sample)."""
+    vals = values(graph, P, feeds, training, at, frozen)
     return {k: vals[n.name] for k, n in graph.outputs.items()}
 
 
-def ref_loss(graph, P, feeds, T, at=None):
-    """The training-mode mse loss of every output, summed."""
-    Y = interpret(graph, P, feeds, training=True, at=at)
-    return sum(mse(Y[k], T[k]) for k in graph.outputs)
+def stopped(graph, P, feeds, at=None):
+    """{stop_gradient node: its training-mode value}: handed to ``ref_loss`` as ``frozen``, a
+    finite difference of the loss around these parameters and feeds sends nothing through a
+    stop_gradient (kilnet's gradient: d/dθ L(θ, stop(f(θ₀))))."""
+    names = [n.name for n in graph.nodes if n.op == "stop_gradient"]
+    if not names:
+        return None
+    vals = values(graph, P, feeds, True, at)
+    return {k: vals[k] for k in names}
+
+
+def graph_loss(value, weight, batched):
+    """docs/DESIGN.md 2.1: weight · (1/B) · Σ_samples Σ_elements value; a value without a batch
+    axis adds weight · Σ_elements value."""
+    v = f64(value)
+    if batched:
+        return float(weight * v.reshape(len(v), -1).sum(axis=1).mean())
+    return float(weight * v.sum())
+
+
+def ref_loss(graph, P, feeds, T, at=None, frozen=None):
+    """The training-mode objective: where the graph has losses of its own (g.loss), their sum
+    (``T`` unused: its targets are graph inputs); else the mse loss of every output, summed."""
+    vals = values(graph, P, feeds, True, at, frozen)
+    if graph.losses:
+        return sum(graph_loss(vals[x.node.name], x.weight, x.node.batched)
+                   for x in graph.losses)
+    return sum(mse(vals[n.name], T[k]) for k, n in graph.outputs.items())
 
 
 # -- losses ---------------------------------------------------------------------------------
@@ -527,3 +568,120 @@ def self_attention(x, P, prefix, heads, key_dim, causal=False):
 
 OPS["self_attention"] = lambda n, xs, P, t: self_attention(
     xs[0], P, n.name, n.attrs["heads"], n.attrs["key_dim"], n.attrs["causal"])
+
+
+
+# -- the open language's primitives (docs/DESIGN.md section 2.1) ------------------------------
+# A value without a batch axis is an array with an axis of 1 in front, so NumPy's broadcasting
+# stretches it over the batch once the per-sample ranks are aligned behind the batch axis.
+
+def aligned(xs):
+    """Arrays (lead, *shape) given per-sample axes of 1 in front up to the largest rank."""
+    rank = max(x.ndim for x in xs) - 1
+    return [f64(x).reshape((len(x),) + (1,) * (rank + 1 - x.ndim) + x.shape[1:]) for x in xs]
+
+
+def _fold(f):
+    def fold(*args):
+        out = args[0]
+        for a in args[1:]:
+            out = f(out, a)
+        return out
+    return fold
+
+
+# kn.expr's language as NumPy functions (max and min elementwise, folded left)
+FORMULA = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "abs": np.abs, "tanh": np.tanh,
+    "sin": np.sin, "cos": np.cos, "erf": lambda x: _erf(f64(x)), "sigmoid": sigmoid,
+    "relu": lambda x: np.where(f64(x) > 0, x, 0.0), "softplus": softplus,
+    "max": _fold(np.maximum), "min": _fold(np.minimum),
+    "where": lambda cond, a, b: np.where(cond, a, b),
+}
+
+
+def expr(formula, names, sources, xs):
+    """The formula evaluated by Python on NumPy arrays: name i is input sources[i]."""
+    xs = aligned(xs)
+    scope = {n: xs[k] for n, k in zip(names, sources)}
+    with np.errstate(over="ignore"):
+        y = eval(formula, {"__builtins__": {}}, dict(FORMULA, **scope))   # noqa: S307 (tests)
+    return np.broadcast_to(f64(y), np.broadcast_shapes(*(x.shape for x in xs))).copy()
+
+
+def matmul(a, b, transpose_a=False, transpose_b=False):
+    """NumPy's matmul over the last two axes, the leading axes (and the batch) broadcast."""
+    a, b = aligned([a, b])
+    if transpose_a:
+        a = np.swapaxes(a, -1, -2)
+    if transpose_b:
+        b = np.swapaxes(b, -1, -2)
+    return a @ b
+
+
+def reduce(kind, x, axes, keepdims):
+    """``kind`` over the sample's ``axes``; a full reduction without keepdims has shape (1,)."""
+    x = f64(x)
+    ax = tuple(a + 1 for a in axes)
+    if kind == "logsumexp":
+        m = x.max(axis=ax, keepdims=True)
+        y = np.log(np.exp(x - m).sum(axis=ax, keepdims=True)) + m
+        y = y if keepdims else y.reshape([d for i, d in enumerate(y.shape) if i not in ax])
+    else:
+        y = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[kind](
+            x, axis=ax, keepdims=keepdims)
+    return y.reshape(len(x), -1) if y.ndim == 1 else y
+
+
+def softmax_along(x, axis, log=False):
+    x = f64(x)
+    z = x - x.max(axis=axis + 1, keepdims=True)
+    s = np.exp(z).sum(axis=axis + 1, keepdims=True)
+    return z - np.log(s) if log else np.exp(z) / s
+
+
+def concat_along(xs, axis):
+    """Along the sample's ``axis``; values without a batch axis the same in every sample."""
+    lead = max(len(x) for x in xs)
+    return np.concatenate([np.broadcast_to(f64(x), (lead,) + x.shape[1:]) for x in xs],
+                          axis=axis + 1)
+
+
+def take(x, ids, axis):
+    """out[s] = x[s] (x[0] without a batch axis) with ``axis`` replaced by ids[s]'s shape."""
+    x, ids = f64(x), np.asarray(ids)
+    assert (ids == np.floor(ids)).all() and (ids >= 0).all() and (ids < x.shape[axis + 1]).all()
+    return np.stack([np.take(x[min(s, len(x) - 1)], ids[s].astype(np.int64), axis=axis)
+                     for s in range(len(ids))])
+
+
+def _stored(n, xs, P, t):
+    """A parameter or a constant: its array (``P``, else the graph's own value), no batch axis."""
+    v = P[n.name] if n.name in P else n.attrs.get("value")
+    return f64(v).reshape((1,) + n.shape)
+
+
+def _slice(n, xs, P, t):
+    a = n.attrs
+    index = (slice(None),) * (a["axis"] + 1) + (slice(a["start"], a["stop"], a["step"]),)
+    return f64(xs[0])[index]
+
+
+OPS.update({
+    "parameter": _stored,
+    "constant": _stored,
+    "expr": lambda n, xs, P, t: expr(n.attrs["formula"], n.attrs["names"], n.attrs["sources"],
+                                     xs),
+    "matmul": lambda n, xs, P, t: matmul(xs[0], xs[1], n.attrs["transpose_a"],
+                                         n.attrs["transpose_b"]),
+    **{k: (lambda kind: lambda n, xs, P, t: reduce(kind, xs[0], n.attrs["axis"],
+                                                   n.attrs["keepdims"]))(k)
+       for k in ("sum", "mean", "max", "min", "logsumexp")},
+    "softmax_axis": lambda n, xs, P, t: softmax_along(xs[0], n.attrs["axis"]),
+    "log_softmax": lambda n, xs, P, t: softmax_along(xs[0], n.attrs["axis"], log=True),
+    "slice": _slice,
+    "permute": lambda n, xs, P, t: f64(xs[0]).transpose([0] + [a + 1 for a in n.attrs["axes"]]),
+    "concat_axis": lambda n, xs, P, t: concat_along(xs, n.attrs["axis"]),
+    "take": lambda n, xs, P, t: take(xs[0], xs[1], n.attrs["axis"]),
+    "stop_gradient": lambda n, xs, P, t: f64(xs[0]),
+})

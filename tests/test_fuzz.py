@@ -3,12 +3,16 @@
 Valid graphs (tests/random_graphs.py): random op sequences over the core ops (dense, conv1d,
 activation, batchnorm, softmax, concat, add_norm, reshape) and the articles' ops
 (multi_window_conv, graph_conv, graph_attention, gte_block, streaming batchnorm) and the library's
-(dropout, drawn at step 1 of the compile seed as the interpreter draws it) with random
-sizes (1, odd, prime), a second input, fan-out, dead branches, concat of a value with itself and
-of an input between computed parts, compiled in float64; the inference plan's forward and the training plan's
-loss and gradients must match an independent numpy float64 interpreter built on
-tests/reference.py (gradients: central differences of the reference loss at a few random
-parameter and input elements).
+(dropout, drawn at step 1 of the compile seed as the interpreter draws it) and the open
+language's primitives (random expr formulas, matmul, the reductions, softmax and log-softmax
+along an axis, slice, permute, concat along an axis, take, stop_gradient; parameters and
+constants broadcast over the batch) with random sizes (1, odd, prime), a second input, fan-out,
+dead branches, concat of a value with itself and of an input between computed parts, some with
+their losses written in the graph (g.loss: compiled with loss=None, targets as inputs),
+compiled in float64; the inference plan's forward and the training plan's loss and gradients
+must match an independent numpy float64 interpreter built on tests/reference.py (gradients:
+central differences of the reference loss at a few random parameter and input elements, the
+values of stop_gradient nodes held where they were).
 
 Invalid graphs, feeds, targets and compile arguments: each must raise a kn.KilnetError subclass
 (never a raw Python or OpenCL exception) and leave the graph or model as it was.
@@ -23,6 +27,7 @@ from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 import kilnet as kn
+import plan_checks as pc
 import random_graphs as rg
 import reference as ref
 from conftest import FUZZ_SEED
@@ -73,6 +78,38 @@ FD_POINTS = 6
 @given(valid_graphs(), st.integers(0, 2**32 - 1))
 def test_valid_graph_matches_reference(gb, seed):
     g, batch = gb
+    # a graph that fails is written into tests/fuzz_corpus (conftest.py), where the corpus
+    # tests below and in test_plan_checks.py keep it as a regression case
+    pc.keep_if_failing(g, batch, "adam", lambda: matches_reference(g, batch, seed))
+
+
+@pytest.mark.filterwarnings("ignore::kilnet.DeadBranchWarning")
+@pytest.mark.parametrize("entry", pc.corpus(), ids=lambda e: e[0])
+def test_corpus_graphs_match_reference(entry):
+    """The graphs that once failed a fuzzed check (tests/fuzz_corpus), against the interpreter."""
+    _, g, batch, _ = entry
+    matches_reference(g, batch, 0)
+
+
+# Formulas the fuzzer drew that kilnet once refused or computed wrong: a comparison of two
+# numbers (SymPy cannot order an unevaluated one), σ of a number, and a comparison of a
+# Piecewise (SymPy writes an ITE with a literal true, which a vector ternary reads as false).
+FOUND_FORMULAS = ["min(a, 0.25, 0*b)", "max(a, 1, 2)", "where(0*a > 1, a, b)",
+                  "sigmoid(0*b) - a", "relu(min(a, 0.25, b))",
+                  "where(min(a, 0.25, b) > 0, a, b)"]
+
+
+@pytest.mark.parametrize("formula", FOUND_FORMULAS)
+def test_formulas_the_fuzzer_found(formula):
+    g = kn.Graph("found")
+    x, y = g.input("x", (7,)), g.input("y", (7,))
+    g.output("o", kn.expr("e * w", e=kn.expr(formula, a=x, b=y), w=g.parameter("w", (7,))))
+    matches_reference(g, 3, 1)
+
+
+def matches_reference(g, batch, seed):
+    """``g``'s inference forward, training loss and gradients (at FD_POINTS random elements)
+    against the interpreter, on feeds and parameters drawn from ``seed``."""
     rng = np.random.default_rng(seed)
     feeds = rg.feeds_for(g, batch, rng)
 
@@ -87,11 +124,12 @@ def test_valid_graph_matches_reference(gb, seed):
 
     # training plan with mse: loss matches; gradients match finite differences of the
     # reference loss at a few random elements of random parameters and of the input
-    m = kn.compile(g, batch=batch, dtype="float64", loss="mse", input_grads=True)
+    m = kn.compile(g, batch=batch, dtype="float64", loss=rg.loss_for(g), input_grads=True)
     m.params.update(P)
-    T = {k: rng.standard_normal((batch,) + n.shape) for k, n in g.outputs.items()}
+    T = rg.targets_for(g, batch, rng)          # {} where the graph has losses of its own
     G = m.gradients(feeds, T)
     L = ref_loss(g, P, feeds, T)
+    frozen = ref.stopped(g, P, feeds)          # no gradient through a stop_gradient
     np.testing.assert_allclose(G.loss, L, rtol=1e-9, atol=1e-12, err_msg=repr(g))
     trainable = [k for k in m.plan.params]
     inputs = sorted(set(G) - set(trainable))
@@ -107,8 +145,8 @@ def test_valid_graph_matches_reference(gb, seed):
             v = base.copy()
             v.flat[i] += delta
             if name in inputs:
-                return ref_loss(g, P, dict(feeds, **{name: v}), T)
-            return ref_loss(g, dict(P, **{name: v}), feeds, T)
+                return ref_loss(g, P, dict(feeds, **{name: v}), T, frozen=frozen)
+            return ref_loss(g, dict(P, **{name: v}), feeds, T, frozen=frozen)
         fd = (at(FD_H) - at(-FD_H)) / (2 * FD_H)
         got = float(np.asarray(G[name]).flat[i])
         scale = max(1.0, max(float(np.abs(np.asarray(v)).max()) for v in G.values()))

@@ -3,9 +3,11 @@
 The plan kernel's merged stages run launches together that declare no conflicting ranges
 (compiler/plan_kernel.py). tests/plan_checks.py runs each plan's stages in program order,
 reversed and shuffled, and with every launch confined to its declared ranges; the bits must not
-change. Here: the two graphs that trained wrong on an H200, fuzzed graphs (the seed comes from
-the commit: tests/conftest.py), the corpus of graphs that once failed, planted wrong
-declarations that the checks must catch, and what a dead branch does.
+change. Here: the two graphs that trained wrong on an H200, the open language's primitives
+with losses written in the graph, fuzzed graphs (the seed comes from the commit:
+tests/conftest.py; the generator draws the primitives and graph losses too), the corpus of
+graphs that once failed, planted wrong declarations that the checks must catch, and what a dead
+branch does.
 """
 import warnings
 
@@ -47,6 +49,16 @@ def quiet(f, *a, **k):
 def test_issue_graphs_give_the_same_bits_in_any_stage_order(build, optimizer, dtype):
     g = build()
     quiet(pc.check, g, 4 if build is concat_between else 2, optimizer, dtype)
+
+
+@pytest.mark.parametrize("optimizer, dtype", [("adam", "float64"), ("sgd", "float32")])
+def test_primitives_give_the_same_bits_in_any_stage_order(optimizer, dtype):
+    """Products, exprs, reductions and gathers side by side (and a loss on parameters alone):
+    their launches share stages, and declare ranges that let them."""
+    g = pc.primitives_graph()
+    plan, pk, _ = pc.staged_plan(g, 3, pc.OPTIMIZERS[optimizer]())
+    assert sum(len(s) > 1 for s in pk.stages) >= 5, pk.stages
+    pc.check(g, 3, optimizer, dtype)
 
 
 def test_the_optimizer_declares_every_parameter_it_updates():

@@ -40,7 +40,8 @@ def fuzzed(seed, train=True):
     g, batch = rg.build(rg.rng_choices(np.random.default_rng(seed)))
     if not train:
         return kn.compile(g, batch=batch)
-    return kn.compile(g, batch=batch, loss={"y": "mse"}, optimizer=kn.SGD(lr=0.1))
+    loss = rg.loss_for(g) and {"y": "mse"}       # None: the graph has losses of its own
+    return kn.compile(g, batch=batch, loss=loss, optimizer=kn.SGD(lr=0.1))
 
 
 BUILDERS = {"two_spirals": lambda: example("two_spirals"), "qnet": lambda: example("qnet"),
