@@ -87,7 +87,9 @@ def pytest_runtest_makereport(item, call):
 # a 2-core Xeon with a cold kernel cache, the README command took 656 s with all of them in,
 # 486 s from a fresh clone and venv without the first four, and 539 s once issue 46's ops and
 # tests came in (the fuzz entries then moved here), 495 s after that. On the 2-core EPYC of issue
-# 48 (fresh clone, venv and HOME): 534 s, and the three issue-48 entries then moved here.
+# 48 (fresh clone, venv and HOME): 534 s, and the three issue-48 entries then moved here. Issue
+# 67's primitives (2026-12-06, 2-core Xeon, fresh clone and HOME, the venv made): 368 s, with
+# their PoCL subset and the benchmark's smoke run moved here.
 SLOW = {
     "tests/test_report.py::test_the_page_holds_the_whole_plan[[]forecast[]]":
         "the HTML report of the forecaster's plan, compiled cold: 9 s (two_spirals', qnet's and "
@@ -128,6 +130,12 @@ SLOW = {
         "benchmarks/submit_paths.py run whole: 7 s",
     "tests/test_tune.py::test_every_cpu_form_candidate_computes_the_same":
         "every CPU-form candidate of the tuner built and run: 10 s",
+    "tests/test_primitives.py::test_pocl[[]*":
+        "the primitives on PoCL, whose compiler is several times slower than Intel's: 15 s cold "
+        "(every primitive on Intel's runtime, in both kernel forms, stays in the main run)",
+    "tests/test_benchmark_primitives.py::test_the_smoke_run_checks_times_and_reports_each_kilnet_pair":
+        "benchmarks/primitives.py run whole at its smoke sizes: 6 s (its refusals and bad "
+        "options stay in the main run)",
     "tests/test_export.py::test_runner_and_mql5_*[[]gpu[]]":
         "the GPU kernel form of the new ops' bundles through the runner: 15 s (their CPU form "
         "stays in the main run)",
