@@ -57,13 +57,12 @@ def _axes(node, axis, rank, single=False):
     return tuple(sorted(out))
 
 
-def _reducer(kind):
-    def reduce(x, axis=None, keepdims=False, name=None):
-        return graph_of(x, kind).add(kind, [x], {"axis": axis, "keepdims": keepdims}, name)
-    reduce.__name__ = reduce.__qualname__ = kind
-    what = {"sum": "The sum", "mean": "The mean", "max": "The largest value",
-            "min": "The smallest value", "logsumexp": "log Σ e^x (without overflow)"}[kind]
-    reduce.__doc__ = f"""{what} over ``axis`` of the sample.
+def _reduce(kind, x, axis, keepdims, name):
+    return graph_of(x, kind).add(kind, [x], {"axis": axis, "keepdims": keepdims}, name)
+
+
+def sum(x, axis=None, keepdims=False, name=None):        # noqa: A001 (kn.sum)
+    """The sum over ``axis`` of the sample.
 
     Args:
         x (Value): any value (with or without a batch axis).
@@ -71,7 +70,8 @@ def _reducer(kind):
             None: every axis of the sample (never the batch).
         keepdims (bool): keep each reduced axis as size 1 (default False: drop it; a full
             reduction then has shape (1,)).
-        name (str | None): the node's name, an ASCII identifier; default ``{kind}_<n>``.
+        name (str | None): the node's name, an ASCII identifier; default ``sum_<n>`` (the
+            op's name and a counter).
 
     Returns:
         value (Value): the reduced value.
@@ -80,10 +80,93 @@ def _reducer(kind):
         GraphError: a bad axis or keepdims, ``x`` is not a graph value, or a bad ``name``.
         ShapeError: an axis out of range.
     """
-    return reduce
+    return _reduce("sum", x, axis, keepdims, name)
 
 
-sum, mean, max, min, logsumexp = (_reducer(k) for k in KINDS)   # noqa: A001 (kn.sum, ...)
+def mean(x, axis=None, keepdims=False, name=None):
+    """The mean over ``axis`` of the sample.
+
+    Args:
+        x (Value): any value (with or without a batch axis).
+        axis (int | tuple[int, ...] | None): the axes to reduce (negative counts from the end);
+            None: every axis of the sample (never the batch).
+        keepdims (bool): keep each reduced axis as size 1 (default False: drop it; a full
+            reduction then has shape (1,)).
+        name (str | None): the node's name, an ASCII identifier; default ``mean_<n>``.
+
+    Returns:
+        value (Value): the reduced value.
+
+    Raises:
+        GraphError: a bad axis or keepdims, ``x`` is not a graph value, or a bad ``name``.
+        ShapeError: an axis out of range.
+    """
+    return _reduce("mean", x, axis, keepdims, name)
+
+
+def max(x, axis=None, keepdims=False, name=None):        # noqa: A001 (kn.max)
+    """The largest value over ``axis`` of the sample; its gradient goes to the first largest
+    element in C order.
+
+    Args:
+        x (Value): any value (with or without a batch axis).
+        axis (int | tuple[int, ...] | None): the axes to reduce (negative counts from the end);
+            None: every axis of the sample (never the batch).
+        keepdims (bool): keep each reduced axis as size 1 (default False: drop it; a full
+            reduction then has shape (1,)).
+        name (str | None): the node's name, an ASCII identifier; default ``max_<n>``.
+
+    Returns:
+        value (Value): the reduced value.
+
+    Raises:
+        GraphError: a bad axis or keepdims, ``x`` is not a graph value, or a bad ``name``.
+        ShapeError: an axis out of range.
+    """
+    return _reduce("max", x, axis, keepdims, name)
+
+
+def min(x, axis=None, keepdims=False, name=None):        # noqa: A001 (kn.min)
+    """The smallest value over ``axis`` of the sample; its gradient goes to the first smallest
+    element in C order.
+
+    Args:
+        x (Value): any value (with or without a batch axis).
+        axis (int | tuple[int, ...] | None): the axes to reduce (negative counts from the end);
+            None: every axis of the sample (never the batch).
+        keepdims (bool): keep each reduced axis as size 1 (default False: drop it; a full
+            reduction then has shape (1,)).
+        name (str | None): the node's name, an ASCII identifier; default ``min_<n>``.
+
+    Returns:
+        value (Value): the reduced value.
+
+    Raises:
+        GraphError: a bad axis or keepdims, ``x`` is not a graph value, or a bad ``name``.
+        ShapeError: an axis out of range.
+    """
+    return _reduce("min", x, axis, keepdims, name)
+
+
+def logsumexp(x, axis=None, keepdims=False, name=None):
+    """log Σ e^x over ``axis`` of the sample, computed without overflow.
+
+    Args:
+        x (Value): any value (with or without a batch axis).
+        axis (int | tuple[int, ...] | None): the axes to reduce (negative counts from the end);
+            None: every axis of the sample (never the batch).
+        keepdims (bool): keep each reduced axis as size 1 (default False: drop it; a full
+            reduction then has shape (1,)).
+        name (str | None): the node's name, an ASCII identifier; default ``logsumexp_<n>``.
+
+    Returns:
+        value (Value): the reduced value.
+
+    Raises:
+        GraphError: a bad axis or keepdims, ``x`` is not a graph value, or a bad ``name``.
+        ShapeError: an axis out of range.
+    """
+    return _reduce("logsumexp", x, axis, keepdims, name)
 
 
 def log_softmax(x, axis=-1, name=None):
