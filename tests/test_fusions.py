@@ -6,7 +6,8 @@ for bit, forward and backward, in both kernel forms:
   the product's own value kept for backward; also through a k-split (whose column sum then runs
   the epilogue);
 - the formula fold (``fold_formulas``): an expr that only a sum, mean, softmax or log-softmax
-  reads is computed by that reduction as it reads, and never stored;
+  reads is computed by that reduction as it reads, and never stored (to rounding: a compiler may
+  contract its products into the sum's FMA);
 - the permute fold (``fold_permutes``): a permute that only matmuls read is read (and its
   gradient written) in place at its input's strides, and a matmul whose one reader is a permute
   stores straight into it;
@@ -99,12 +100,11 @@ def test_folded_and_stored_formulas_agree_bit_for_bit(kind, target, monkeypatch)
     folded, a = run(folded_graph(kind), 2, monkeypatch, True, target)
     plain, b = run(folded_graph(kind), 2, monkeypatch, False, target)
     forward = [la.name for la in folded.steps["forward"]]
-    gpu_softmax = target == "gpu" and kind == "softmax"    # softmax's own GPU kernel reads x
-    assert ("expr_1.forward" in forward) == gpu_softmax, forward
+    assert "expr_1.forward" not in forward, forward
     assert "expr_1.forward" in [la.name for la in plain.steps["forward"]]
     assert "expr_1.backward_input" in [la.name for la in folded.kernels]   # its backward stays
-    for u, v in zip(a, b):
-        np.testing.assert_array_equal(u, v)
+    for u, v in zip(a, b):      # NVIDIA's compiler contracts the folded x·x·w + s into an FMA
+        np.testing.assert_allclose(u, v, rtol=2e-7, atol=1e-9)
 
 
 def test_a_softmax_whose_cross_entropy_reads_its_input_keeps_it():
@@ -198,8 +198,7 @@ def test_a_folded_formulas_backward_done_by_its_reader_agrees(kind, target, monk
     folded, a = run(through_graph(kind), 2, monkeypatch, True, target)
     plain, b = run(through_graph(kind), 2, monkeypatch, False, target)
     names = [la.name for la in folded.kernels]
-    own = target == "gpu" and kind == "softmax"     # softmax's own GPU kernels fold nothing
-    assert ("expr_1.backward_input" in names) == own, names
-    assert "expr_1:grad" not in folded.plan.buffers or own
+    assert "expr_1.backward_input" not in names, names
+    assert "expr_1:grad" not in folded.plan.buffers
     for u, v in zip(a, b):
         np.testing.assert_allclose(u, v, rtol=2e-6, atol=1e-7)

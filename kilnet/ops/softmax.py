@@ -8,7 +8,8 @@ Jacobian). The ``cross_entropy`` loss (mean over the batch of −Σ t·log y, su
 needs a softmax output.
 
 Each segment is reduced by one work-group in local memory on GPUs, and by one work-item walking
-it in vectors on CPUs (the row-reduction skeleton, ops/reductions.py), subtracting the maximum
+it in vectors on CPUs (the row-reduction skeleton, ops/reductions.py, which also runs it on GPUs
+where an expr is folded into it: compiler/fusion.py's formula fold), subtracting the maximum
 first (the articles' part-32 kernel does neither and double-counts at non-power-of-two sizes).
 Cross-entropy is computed from the softmax *input* as a log-softmax, and its gradient with respect
 to that input, (y·Σt − t)/B, is written directly: going through −t/y would divide by values that
@@ -101,15 +102,16 @@ class Softmax(Op):
         return None
 
     def folds_formula(self, node, target):
-        # where the forward is reductions.py's, and a segment is whole trailing axes
-        return target.kind == "cpu" and self._segment_axes(node) is not None
+        # a segment whole trailing axes: reductions.py's rows then compute the formula (on
+        # GPUs too, in their team form, where softmax otherwise keeps its own kernel)
+        return self._segment_axes(node) is not None
 
     def forward(self, node, ctx):
+        formula = ctx.folded_formula()
+        if formula is not None:           # the formula's own full shape, its segment's axes
+            return [along_axis_forward(ctx, True, bc.full(node, ctx.batch),
+                                       self._segment_axes(node), None, ctx.y, formula)]
         if ctx.target.kind == "cpu":      # a work-item per segment (ops/reductions.py)
-            formula = ctx.folded_formula()
-            if formula is not None:       # the formula's own full shape, its segment's axes
-                return [along_axis_forward(ctx, True, bc.full(node, ctx.batch),
-                                           self._segment_axes(node), None, ctx.y, formula)]
             return [along_axis_forward(ctx, True, *self._rows(node, ctx), ctx.x(0), ctx.y)]
         return [_launch("forward", node, ctx, "forward", {"inp": ctx.x(0), "out": out(ctx.y)})]
 
