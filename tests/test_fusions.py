@@ -79,6 +79,29 @@ def test_what_is_not_per_column_is_not_fused():
     assert {"expr_1.forward", "expr_2.forward"} <= {la.name for la in m.kernels}
 
 
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+@pytest.mark.parametrize("U", [1, 4])
+def test_a_column_per_sample_keeps_its_bias_per_row(target, U, monkeypatch):
+    """W·v for a column v (I, 1) per sample runs as one product over the batch's columns, whose
+    n is the sample: a bias b (U, 1) is not per column there (its one column is every sample),
+    so z + b keeps its launch. (Fused, it once read b[n], n the sample: past b's end where
+    U = 1, a TD3 critic's output layer.)"""
+    def column(_I, _U):
+        g = kn.Graph("column")
+        x = g.input("x", (5, 1))
+        w, b = g.parameter("w", (U, 5)), g.parameter("b", (U, 1))
+        g.output("y", kn.expr("z + b", z=kn.matmul(w, x), b=b))
+        return g
+    fused, a = run(column(5, U), 3, monkeypatch, True, target)
+    plain, b = run(column(5, U), 3, monkeypatch, False, target)
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+    x = np.random.default_rng(0).standard_normal((3, 5, 1))
+    P = {k: np.array(v, np.float64) for k, v in kn.compile(column(5, U), batch=3,
+                                                            seed=3).params.items()}
+    np.testing.assert_allclose(a[0], P["w"] @ x + P["b"], rtol=1e-5, atol=1e-6)
+
+
 def folded_graph(kind):
     """A reduction of an expr with a broadcast constant and parameter: the expr's one reader."""
     g = kn.Graph("fold")

@@ -117,8 +117,10 @@ def _rows_run(x):
 @dataclass(frozen=True)
 class Gemm:
     """One product on the GEMM skeleton: C[c_idx] = Σ_k A[a_idx]·B[b_idx] for m < M, n < N over
-    ``batch`` z-entries; ``columns``: its n runs along the last axis of the output matrix (an
-    epilogue's per-column values can then follow n)."""
+    ``batch`` z-entries; ``columns``: its n runs along the last axis of the output matrix, and
+    only along it (an epilogue's per-column values can then follow n); ``folded``: its m runs
+    over the product axes too (the batch's rows as one matrix), so in the transposed form n
+    does, and that form has no columns."""
     M: int
     N: int
     K: int
@@ -130,6 +132,7 @@ class Gemm:
     c_idx: object
     batch: int
     columns: bool = True
+    folded: bool = False
 
     @property
     def T(self):
@@ -138,7 +141,8 @@ class Gemm:
         swap = {m: n, n: m}
         return Gemm(self.N, self.M, self.K, self.Y.T, self.X.T, self.Z.T,
                     self.b_idx.xreplace(swap), self.a_idx.xreplace(swap),
-                    self.c_idx.xreplace(swap), self.batch, not self.columns)
+                    self.c_idx.xreplace(swap), self.batch,
+                    not self.columns and not self.folded, False)
 
     def flags(self):
         """(a_kfast, b_nfast, c_nfast): A along k; B along n (where not both along k: the
@@ -169,11 +173,12 @@ def plan(X, Y, Z, P):
         return tuple(x.P) == tuple(P)
     if count > 1 and full(X) and full(Z) and _shared(Y) and _rows_run(X) and _rows_run(Z):
         # rows (p, m): x·Wᵀ over the batch's rows
-        return Gemm(M * count, N, K, X, Y, Z, m * K + k, Y.at(0, k, n), m * N + n, 1)
+        return Gemm(M * count, N, K, X, Y, Z, m * K + k, Y.at(0, k, n), m * N + n, 1,
+                    folded=True)
     if count > 1 and _shared(X) and full(Y) and full(Z) and _rows_run(Y.T) and _rows_run(Z.T):
         # Zᵀ = Yᵀ·Xᵀ, its rows (p, n): W·v for a column v per sample
         return Gemm(N * count, M, K, Y.T, X.T, Z.T, m * K + k, X.T.at(0, k, n),
-                    m * M + n, 1, False)
+                    m * M + n, 1, False, folded=True)
     if count > 1 and _shared(Z) and full(X) and full(Y) and _rows_run(X.T) and _rows_run(Y):
         # one product summing over (p, k): a shared operand's gradient (dense's weight's)
         return Gemm(M, N, K * count, X, Y, Z, k * M + m, k * N + n, Z.at(0, m, n), 1)
