@@ -8,6 +8,7 @@ from .graph import Graph, Value
 from .ops import *  # noqa: F401,F403  (the builders: kilnet.ops.BUILDERS, from the op registry)
 from .ops import BUILDERS
 from .kernels.optimizers import SGD, Adam
+from .kernels.polyak import polyak
 from .build import compile, load
 from .device_data import DeviceData
 from .fit import History, fit
@@ -24,7 +25,7 @@ def __getattr__(name):
     if name.isidentifier() and name.islower() and not name.startswith("_"):
         message += f"; kilnet has no op {name}(): the ops are {', '.join(BUILDERS)}"
     raise AttributeError(message)
-__all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "ACTIVATIONS",
+__all__ = ["Graph", "Value", "compile", "load", "devices", "SGD", "Adam", "polyak", "ACTIVATIONS",
            "KilnetError", "GraphError", "ShapeError", "CompileError", "FeedError",
            "CheckpointError", "BundleError", "DeviceError", "MemoryCheckError", "fit", "History",
            "NonFiniteLoss", "RankTimeout", "DeadBranchWarning", "DeviceData"] + [

@@ -7,11 +7,13 @@ import numbers
 import warnings
 
 from .checkpoint import parse
+from .compiler import routing
 from .compiler.lower import check_loss_spec, lower
 from .errors import (CheckpointError, CompileError, DeadBranchWarning, GraphError, KilnetError,
                      whole_number)
 from .graph import Graph
 from .kernels.optimizers import Optimizer
+from .kernels.polyak import polyak
 from .model import Model
 from .policy.target import Target, check as check_settings
 from .runtime import distributed, mpi_comm
@@ -23,13 +25,16 @@ DTYPES = ("float32", "float64")
 
 def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=None, seed=0,
             input_grads=False, debug_buffers=False, poison=False, check_finite=False, comm=None,
-            overlap=False, check_extents=False):
+            overlap=False, check_extents=False, frozen=(), after_step=()):
     """Compile ``graph`` for ``batch`` samples into a runnable model.
 
     Args:
         graph (Graph): the graph, with at least one output; the model keeps its own copy.
         batch (int): samples per call, >= 1 (per rank with ``comm``).
-        optimizer (SGD | Adam | None): kn.SGD / kn.Adam, or None for a plan without updates.
+        optimizer (SGD | Adam | dict | None): kn.SGD / kn.Adam for every trained parameter, a
+            dict {block name: optimizer} (each with its own moments and step count; every
+            parameter a loss trains must fall in exactly one entry), or None for a plan
+            without updates.
         loss (dict | str | None): {output: "mse" | "cross_entropy" | "huber"} (or one kind for
             every output); without it the plan is inference-only and reuses dead activation
             memory.
@@ -64,6 +69,10 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
             read-only, or left part of a range declared written unwritten); under Oclgrind a
             read outside it is an invalid read. Slow: for checking a new op's declarations
             (kilnet/runtime/extents.py).
+        frozen (list[str]): blocks whose parameters are never updated and get no gradient.
+        after_step (list[Polyak]): ``kn.polyak(target, source, tau)`` averages applied on the
+            device after every update; each target starts as a copy of its source and is
+            frozen.
 
     Returns:
         model (Model): the compiled model, its parameters initialised from ``seed``.
@@ -72,7 +81,9 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
         GraphError: ``graph`` is not a kn.Graph or has no outputs, a bad loss spec, or an
             op's own compile-time checks.
         CompileError: a bad batch, dtype, optimizer, seed or device, an optimizer without a
-            loss, ``overlap`` without ``comm``, or a kernel that fails to build.
+            loss, ``overlap`` without ``comm``, a bad optimizer dict, ``frozen``,
+            ``after_step`` or loss ``params`` (compiler/routing.py), or a kernel that fails to
+            build.
     """
     if comm is None:
         if overlap:
@@ -80,14 +91,17 @@ def compile(graph, batch=1, optimizer=None, loss=None, dtype="float32", device=N
         settings = read_settings()        # the environment, once: the plan records it
         plan, dev = _plan(graph, batch, optimizer, loss, dtype, device=device, settings=settings,
                           input_grads=input_grads, debug_buffers=debug_buffers,
-                          check_finite=check_finite, check_extents=check_extents, seed=seed)
+                          check_finite=check_finite, check_extents=check_extents, seed=seed,
+                          frozen=frozen, after_step=after_step)
         return Model(plan, device=dev, seed=seed, poison=poison)
     return _compile_parallel(graph, batch, optimizer, loss, dtype, device, seed, input_grads,
-                             debug_buffers, check_finite, check_extents, poison, comm, overlap)
+                             debug_buffers, check_finite, check_extents, poison, comm, overlap,
+                             frozen, after_step)
 
 
 def _compile_parallel(graph, batch, optimizer, loss, dtype, device, seed, input_grads,
-                      debug_buffers, check_finite, check_extents, poison, comm, overlap):
+                      debug_buffers, check_finite, check_extents, poison, comm, overlap, frozen,
+                      after_step):
     """``compile`` with ``comm``: every rank compiles, and all agree on one plan, or all raise."""
     mpi_comm.check_comm(comm)          # before any collective or device work
     if not (isinstance(overlap, bool) or (isinstance(overlap, numbers.Integral) and overlap > 0)):
@@ -107,7 +121,8 @@ def _compile_parallel(graph, batch, optimizer, loss, dtype, device, seed, input_
         plan, dev = _plan(graph, batch, optimizer, loss, dtype, device=dev, settings=settings,
                           input_grads=input_grads, debug_buffers=debug_buffers,
                           check_finite=check_finite, check_extents=check_extents, seed=seed,
-                          ranks=comm.Get_size(), rank=comm.Get_rank())
+                          ranks=comm.Get_size(), rank=comm.Get_rank(), frozen=frozen,
+                          after_step=after_step)
         mine = distributed.fingerprint(plan, overlap)
     except KilnetError as e:
         mine = e
@@ -116,7 +131,7 @@ def _compile_parallel(graph, batch, optimizer, loss, dtype, device, seed, input_
 
 
 def _plan(graph, batch, optimizer, loss, dtype, *, device, settings, input_grads, debug_buffers,
-          check_finite, check_extents, seed, ranks=1, rank=0):
+          check_finite, check_extents, seed, ranks=1, rank=0, frozen=(), after_step=()):
     """Check the arguments, choose the device, lower: (plan, device). ``settings``: the
     KILNET_* variables as compile read them (kilnet/settings.py), recorded in the plan."""
     if not isinstance(graph, Graph):
@@ -127,28 +142,30 @@ def _plan(graph, batch, optimizer, loss, dtype, *, device, settings, input_grads
     batch = whole_number(batch, "batch", error=CompileError)
     if dtype not in DTYPES:
         raise CompileError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    if optimizer is not None and not isinstance(optimizer, Optimizer):
+    if optimizer is not None and not isinstance(optimizer, (Optimizer, dict)):
         raise CompileError(f"optimizer must be an instance such as kn.SGD(lr, momentum) or "
-                           f"kn.Adam(lr), got {optimizer!r}")
+                           f"kn.Adam(lr), or a dict {{block name: optimizer}}, got {optimizer!r}")
     seed = whole_number(seed, "seed", least=0, error=CompileError)
     if graph.losses and loss is not None:
         raise GraphError(f"graph {graph.name!r} has losses of its own (g.loss), so it is compiled "
                          f"with loss=None; got loss={loss!r} as well")
-    routed = [x for x in graph.losses if x.params is not None]
-    if routed:
-        raise CompileError(f"graph {graph.name!r}: the loss on {routed[0].node.name!r} names "
-                           f"params={routed[0].params!r}; a loss that trains only some blocks is "
-                           f"not implemented yet (every loss trains every trainable parameter); "
-                           f"pass params=None")
     loss = check_loss_spec(graph, loss)
     if optimizer is not None and not loss and not graph.losses:
         raise CompileError("an optimizer needs a loss: pass loss={output: kind}, or add one to "
                            "the graph with g.loss(value)")
+    if after_step and optimizer is None:
+        raise CompileError("after_step averages follow an update: it needs an optimizer")
     check_settings(settings)
+    # the routing's arguments, checked before any device work (lower resolves them again on
+    # its own copy of the graph)
+    routing.resolve(graph, optimizer, loss, frozen, after_step, bool(input_grads),
+                    trains=bool(loss) or bool(graph.losses))
+
     def lowered(dev):
         return lower(graph, batch, optimizer, loss, dtype, input_grads=bool(input_grads),
                      debug_buffers=bool(debug_buffers), target=Target.of(dev, settings),
-                     ranks=ranks, settings=settings, seed=seed, rank=rank)
+                     ranks=ranks, settings=settings, seed=seed, rank=rank, frozen=frozen,
+                     after_step=after_step)
     dev = select_device(device, settings, wait=False)        # its probe runs while we lower
     plan = lowered(dev)
     if not device_builds(dev):
@@ -233,8 +250,9 @@ def load(path, device=None, batch=None, comm=None, overlap=False, inference=Fals
 def _compile_loaded(path, graph, c, optimizer, dtype, device, batch, comm, overlap, inference):
     """``load``'s compile of the saved architecture, its errors as CheckpointErrors."""
     try:
-        trains = {} if inference else dict(optimizer=optimizer, loss=c["loss"] or None,
-                                            input_grads=c.get("input_grads", False))
+        trains = {} if inference else dict(
+            optimizer=optimizer, loss=c["loss"] or None, input_grads=c.get("input_grads", False),
+            frozen=c.get("frozen", ()), after_step=[polyak(**x) for x in c.get("after_step", ())])
         return compile(graph, batch=c["batch"] if batch is None else batch, dtype=dtype,
                        device=device, seed=c["seed"], **trains,
                        **({} if comm is None else {"comm": comm, "overlap": overlap}))

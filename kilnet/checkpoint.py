@@ -21,7 +21,9 @@ import numpy as np
 from .errors import CheckpointError, KilnetError, whole_number
 from .files import replace
 from .graph import from_dict, to_dict
+from .compiler import routing
 from .kernels.optimizers import from_config
+from .kernels.polyak import Polyak
 from .ops import declared
 from .policy import names
 from .runtime.mpi_comm import bcast_obj, limit_of
@@ -85,11 +87,13 @@ def _save(model, path):
     if not isinstance(path, (str, bytes, os.PathLike)):
         raise CheckpointError(f"save: path must be a str or os.PathLike, got {type(path).__name__}")
     plan = model.plan
+    routing = plan.routing
     header = {"format": FORMAT, "version": VERSION, "graph": to_dict(model.graph),
               "compile": {"batch": plan.batch, "dtype": plan.dtype, "loss": plan.loss,
-                          "seed": model.seed, "input_grads": plan.input_grads},
-              "optimizer": None if plan.optimizer is None else
-              {"kind": plan.optimizer.kind, "config": plan.optimizer.config()},
+                          "seed": model.seed, "input_grads": plan.input_grads,
+                          "frozen": list(routing.blocks),
+                          "after_step": [x.config() for x in routing.polyak]},
+              "optimizer": optimizer_record(plan.optimizer),
               "step": model.step}
     if getattr(model, "comm", None) is not None:
         header["ranks"] = model.ranks    # informational: ``compile.batch`` is per rank
@@ -102,10 +106,9 @@ def _save(model, path):
     with model._exec.lock:
         for name in list(plan.params) + list(plan.state):
             arrays[f"p/{name}"] = model._exec.read(name)
-        if plan.optimizer is not None:
-            for name in plan.params:
-                for i in range(1, plan.optimizer.moments + 1):
-                    arrays[f"m{i}/{name}"] = model._exec.read(names.moment(name, i))
+        for name in plan.params:
+            for i in range(1, routing.moments(name) + 1):
+                arrays[f"m{i}/{name}"] = model._exec.read(names.moment(name, i))
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
     try:
@@ -172,14 +175,40 @@ def _read(path):
     return header, arrays
 
 
-def _expected_arrays(graph, optimizer):
+def optimizer_record(optimizer):
+    """The header's record of a plan's optimizer: None, {"kind", "config"}, or for a dict
+    {"groups": [{"block", "kind", "config"}, …]} in its order."""
+    if optimizer is None:
+        return None
+    if isinstance(optimizer, dict):
+        return {"groups": [{"block": b, "kind": o.kind, "config": o.config()}
+                           for b, o in optimizer.items()]}
+    return {"kind": optimizer.kind, "config": optimizer.config()}
+
+
+def optimizer_from(record):
+    """``optimizer_record``'s inverse."""
+    if record is None:
+        return None
+    if "groups" in record:
+        return {g["block"]: from_config(g["kind"], g["config"]) for g in record["groups"]}
+    return from_config(record["kind"], record["config"])
+
+
+def _expected_arrays(graph, c, optimizer):
     """{array key: (plan buffer, size)} for every parameter, state and moment of ``graph``, from the
-    ops' own declarations (no compile, no device)."""
+    ops' own declarations and the routing of the compile options ``c`` (no compile, no
+    device): moments for each parameter its optimizer updates."""
+    routed = routing.resolve(graph, optimizer, c["loss"] or {}, c.get("frozen", ()),
+                             [Polyak(**x) for x in c.get("after_step", ())],
+                             c.get("input_grads", False),
+                             trains=bool(c["loss"]) or bool(graph.losses))
     wanted = {}
     for name, p, is_state in declared(graph):
         size = math.prod(p.shape)
         wanted[f"p/{name}"] = (name, size)
-        for i in range(1, (optimizer.moments if optimizer is not None and not is_state else 0) + 1):
+        for i in range(1, (routed.moments(name) if optimizer is not None and not is_state
+                           else 0) + 1):
             wanted[f"m{i}/{name}"] = (names.moment(name, i), size)
     return wanted
 
@@ -191,14 +220,13 @@ def parse(path):
     try:
         graph = from_dict(header["graph"])
         c = header["compile"]
-        opt = header["optimizer"]
-        optimizer = None if opt is None else from_config(opt["kind"], opt["config"])
+        optimizer = optimizer_from(header["optimizer"])
         step = header["step"]
         step = whole_number(step, "step", least=0, error=ValueError)
         dtype = c["dtype"]
         if dtype not in NP_DTYPE:
             raise ValueError(f"dtype must be one of {sorted(NP_DTYPE)}, got {dtype!r}")
-        wanted = _expected_arrays(graph, optimizer)
+        wanted = _expected_arrays(graph, c, optimizer)
     except KilnetError as e:
         raise CheckpointError(f"{path}: the saved architecture is not valid: {e}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:

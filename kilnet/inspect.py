@@ -13,13 +13,16 @@ def summary(model):
            + (f"; schedule table {plan.target.table}" if plan.target and plan.target.table else "")]
     if model._exec.submit.name == "plan kernel":
         out.append(plan.plan_kernel.describe())     # its stages, and what runs apart and why
-    if plan.optimizer is not None:
+    if plan.optimizer is not None and not isinstance(plan.optimizer, dict):
         out.append(f"optimizer {plan.optimizer!r}; loss {plan.loss}" if plan.loss else
                    f"optimizer {plan.optimizer!r}")
     if plan.objectives:
         out.append("losses in the graph: " + " + ".join(
             f"{x.weight:g}·{'Σ' if not x.node.batched else 'mean Σ'} {x.node.name}"
+            + (f" (trains {', '.join(x.params)})" if x.params is not None else "")
             for x in g.losses))
+    if plan.routing is not None:
+        out += plan.routing.describe()
     out.append("")
     rows = [(node.name, node.op, str(node.shape),
              str(sum(_size(p.shape) for p in get_op(node.op).params(node))),

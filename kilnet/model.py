@@ -32,8 +32,9 @@ class Model:
         params (Params): ``model.params["dense_1.weight"]``: copies of every parameter and
             state array, by ``<node>.<param>`` name; assigning (or ``params.update``) writes
             to the device.
-        optimizer (SGD | Adam | None): the model's copy of the optimizer (its ``lr`` may be
-            changed between steps).
+        optimizer (SGD | Adam | dict | None): the model's copy of the optimizer, or of the
+            dict {block: optimizer} it was compiled with (each ``lr`` may be changed between
+            steps).
         step (int): training steps done (a non-finite step does not count).
         steps (dict): the launch sequence of each call ("forward", and "evaluate",
             "gradients", "train_step" where compiled for them).
@@ -61,8 +62,13 @@ class Model:
         self._sequences()
         self.params = Params(self)
         rng = np.random.default_rng(seed)
-        for name, p in self._param_specs().items():
-            self._exec.write(name, p.initial(rng, self._exec.np_dtype))
+        initial = {name: p.initial(rng, self._exec.np_dtype)
+                   for name, p in self._param_specs().items()}
+        for pairs in plan.routing.pairs if plan.routing else ():
+            for target, source in pairs:      # a polyak target starts as its source
+                initial[target] = initial[source]
+        for name, value in initial.items():
+            self._exec.write(name, value)
         self._exec.finish()
         self._runner.started()
 
@@ -292,7 +298,14 @@ class Model:
     def _scalars(self, step):
         """The values of the scalar buffer before step number ``step`` (runtime/abi.STEP_SCALARS:
         the optimizer's, 1/ranks, which scales a summed gradient, and the step number)."""
-        return np.array(abi.step_scalars(self.optimizer, step, self.ranks))
+        return np.array(abi.step_scalars(self._optimizers(), step, self.ranks))
+
+    def _optimizers(self):
+        """The plan's optimizers in the order their scalars sit (compiler/routing.py)."""
+        routing = self.plan.routing
+        if routing is None:
+            return [self.optimizer]
+        return [g.optimizer for g in routing.groups if g.optimizer is not None]
 
     def summary(self):
         """A text report: the plan (batch, dtype, device, kernel form, submit path, settings),

@@ -168,11 +168,11 @@ def check(graph, batch, optimizer="adam", dtype="float64", modes=("reverse", "sh
 def plant_optimizer_first_parameter_only():
     """Issue 29's defect: the optimizer launch declares the first parameter's range only,
     though it updates them all. Returns the function that undoes it."""
-    from kilnet.compiler import lower as lower_mod
+    from kilnet.compiler import updates
     from kilnet.kernels.base import Use
-    real = lower_mod.spanning
-    lower_mod.spanning = lambda buffer, extent, access="in": Use(buffer, access)
-    return lambda: setattr(lower_mod, "spanning", real)
+    real = updates.spanning
+    updates.spanning = lambda buffer, extent, access="in": Use(buffer, access)
+    return lambda: setattr(updates, "spanning", real)
 
 
 def plant_concat_slices_rows_times_width():

@@ -144,7 +144,7 @@ def test_small_batches_form_dense_weight_gradients_in_the_update(batch, which, m
     """Up to OUTER_UPDATE_ROWS samples, train_step's optimizer forms each dense weight's gradient
     itself (the products storing it run only for gradients()); the training is the one the
     stored gradients give, step after step, also with every rewritten buffer poisoned first."""
-    from kilnet.compiler import lower
+    from kilnet.compiler import updates
     from kilnet.policy import schedule
     make, _ = OPTIMIZERS[which]
     rng = np.random.default_rng(batch)
@@ -153,7 +153,7 @@ def test_small_batches_form_dense_weight_gradients_in_the_update(batch, which, m
     weights = ("dense_1.weight", "dense_2.weight", "dense_3.weight")
     fused = kn.compile(outer_graph(), batch=batch, optimizer=make(), loss="cross_entropy",
                        dtype="float64", seed=3, poison=True)
-    monkeypatch.setattr(lower, "OUTER_UPDATE_ROWS", 0)
+    monkeypatch.setattr(updates, "OUTER_UPDATE_ROWS", 0)
     stored = kn.compile(outer_graph(), batch=batch, optimizer=make(), loss="cross_entropy",
                         dtype="float64", seed=3)
     train = [la.name for la in fused.steps["train_step"]]

@@ -261,19 +261,6 @@ def test_graph_loss_and_compile_loss_together_is_a_graph_error():
     kn.compile(g, batch=3, optimizer=kn.SGD(lr=0.1))      # the graph itself is fine
 
 
-@pytest.mark.parametrize("params", ["critic", ["critic"], ["critic", "actor"]])
-def test_a_loss_routed_to_blocks_is_refused_by_compile_for_now(params):
-    g = kn.Graph("routed")
-    x = g.input("x", (3, 1))
-    with g.block("mlp", name="critic"):
-        w = g.parameter("w0", (2, 3))
-    with g.block("mlp", name="actor"):
-        g.parameter("w0", (2, 3))
-    g.loss(kn.matmul(w, x), params=params)
-    with pytest.raises(kn.CompileError, match="critic"):
-        kn.compile(g, batch=3, optimizer=kn.SGD(lr=0.1))
-
-
 def test_an_optimizer_without_a_parameter_to_train_is_refused():
     g = kn.Graph("nothing")
     x = g.input("x", (3,))

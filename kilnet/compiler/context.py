@@ -5,7 +5,6 @@ from ..kernels.broadcast import full
 from ..ops import get_op
 from ..policy import names
 from ..policy.kinds import NO_DERIVATIVE, DerivKind, Family, Phase, Role
-from ..runtime import abi
 from .fusion import inputs_of, root
 
 
@@ -55,7 +54,9 @@ class Context:
         return self._l.param_buffer(self.node, name)
 
     def dp(self, name):
-        return names.grad(f"{self.node.name}.{name}")
+        """Where this node's backward writes its parameter ``name``'s gradient
+        (``Lowering.param_grad``: the gradient buffer, or scratch where routing says so)."""
+        return self._l.param_grad(self.node, name)
 
     def gradient_phase(self, grad):
         """Phase.GRADIENT when train_step's optimizer forms the parameter gradient ``grad`` itself
@@ -73,7 +74,7 @@ class Context:
         """The plan's scalar buffer (names.SCALARS; runtime/abi.STEP_SCALARS), which every run
         of a training step, ``gradients`` and ``evaluate`` writes first: a kernel that reads the
         step number takes it as an argument."""
-        return self._l.buffer(names.SCALARS, Role.SCALAR, len(abi.STEP_SCALARS))
+        return self._l.buffer(names.SCALARS, Role.SCALAR, self._l.routing.scalars)
 
     @property
     def dy(self):

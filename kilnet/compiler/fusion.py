@@ -197,11 +197,14 @@ def folded(node):
     return node.meta.get("folded_into") is not None
 
 
-def grad_writers(graph, loss, wants, dead=(), objectives=()):
+def grad_writers(graph, loss, wants, dead=(), objectives=(), labels=None):
     """How many launches write each gradient storage (by root name): one per (consumer, input)
     of a non-view node where the input wants a gradient, one per loss on an output and one per
     loss written in the graph (``objectives``: Graph.loss records) on a value that wants one.
-    Consumers in ``dead`` (no output depends on them: their backward never runs) write none."""
+    Consumers in ``dead`` (no output depends on them: their backward never runs) write none.
+    ``labels``: the losses of the backward pass counted (routing.Pass.losses), or None: all.
+    (A consumer that the pass's gradient never reaches is counted too: an overcount only ever
+    turns a fusion off.)"""
     writers = {}
     for node in graph.nodes:
         if node.op != "input" and not viewed(node) and not stored(node) and node.name not in dead and \
@@ -210,10 +213,14 @@ def grad_writers(graph, loss, wants, dead=(), objectives=()):
                 if wants[inp.name]:
                     writers[root(inp).name] = writers.get(root(inp).name, 0) + 1
     for out_name, kind in loss.items():
+        if labels is not None and ("output", out_name) not in labels:
+            continue
         node = graph.outputs[out_name]
         r = root(node.inputs[0] if kind in get_op(node.op).fused_losses else node).name
         writers[r] = writers.get(r, 0) + 1
-    for objective in objectives:
+    for i, objective in enumerate(objectives):
+        if labels is not None and ("graph", i) not in labels:
+            continue
         if wants[objective.node.name]:
             r = root(objective.node).name
             writers[r] = writers.get(r, 0) + 1

@@ -13,7 +13,7 @@ import dataclasses
 from math import prod
 
 from ..errors import CompileError, DeadBranchWarning, warn_caller
-from ..kernels.base import GUARD_ARG, Collective, Use, full_name, inout, spanning
+from ..kernels.base import GUARD_ARG, Collective, Use, full_name
 from ..kernels.broadcast import full as full_shape
 from ..kernels.losses import check_spec as check_loss_spec  # noqa: F401  (lower.check_loss_spec)
 from ..ops import get_op
@@ -21,10 +21,10 @@ from ..policy import memory, names
 from ..policy.dtypes import CTYPE
 from ..policy.kinds import GUARDED, Family, Phase, Role
 from ..policy.plan import Arg, HostStep, Launch, Plan, ScalarArg
-from ..policy.schedule import OUTER_UPDATE_ROWS, UPDATE_SUM_ROWS
+from ..policy.schedule import UPDATE_SUM_ROWS
 from ..policy.target import GPU
 from ..runtime import abi
-from . import objective, plan_kernel, render, resident, summed_updates
+from . import objective, plan_kernel, render, resident, routing, summed_updates, updates
 from .context import Context
 from .fusion import (alias_gradients, fold_formulas, fold_permutes, fold_sums, folded,
                      fuse_activation_derivatives, fuse_epilogues, fused, grad_writers, root,
@@ -34,8 +34,14 @@ from .render import Renderer
 
 class Lowering:
     def __init__(self, graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target,
-                 ranks=1, seed=0, rank=0):
+                 ranks=1, seed=0, rank=0, routing=None):
         self.graph, self.batch, self.ctype, self.target = graph, batch, ctype, target
+        # which parameters each loss trains, with which optimizer (compiler/routing.py)
+        self.routing = routing
+        self.written = set()     # gradient buffers holding a contribution (every pass's)
+        self.pass_index, self.pass_params = 0, frozenset(routing.trained)
+        self._dp = {}            # (pass, parameter) -> where this pass's gradient of it goes
+        self.pending = []        # (param, its gradient, scratch): adds after a node's backward
         self.ranks, self.seed, self.rank = ranks, seed, rank
         self.collectives = []
         self.loss, self.optimizer = loss, optimizer
@@ -77,16 +83,48 @@ class Lowering:
         rows = self.batch if r.batched else 1
         return self.buffer(r.name, role, rows * r.size, ((rows,) if r.batched else ()) + r.shape)
 
-    def grad_buffer(self, node):
+    def grad_name(self, node):
+        """The name of ``node``'s gradient buffer in the current backward pass (nothing made)."""
         r = root(node)
         alias = getattr(self, "grad_alias", {}).get(r.name)
         if alias is not None:         # the same as that reader's (alias_gradients)
-            return self.grad_buffer(self.graph.node(alias))
+            return self.grad_name(self.graph.node(alias))
         if get_op(r.op).stored:       # a trainable parameter's gradient (declare_params)
             return names.grad(full_name(r, ""))
+        return names.grad(r.name, self.pass_index)
+
+    def grad_buffer(self, node):
+        name = self.grad_name(node)
+        if name in self.buffers:
+            return name
+        r = root(node)
         rows = self.batch if r.batched else 1
-        return self.buffer(names.grad(r.name), Role.ACT_GRAD, rows * r.size,
+        return self.buffer(name, Role.ACT_GRAD, rows * r.size,
                            ((rows,) if r.batched else ()) + r.shape)
+
+    def param_grad(self, node, name):
+        """Where the backward of ``node`` (a catalogue op) writes its parameter ``name``'s
+        gradient in the current pass: the parameter's gradient buffer; scratch that nothing
+        reads where this pass does not train it (routing: an actor's loss through a critic);
+        or, where an earlier pass wrote the gradient already, scratch that a launch after the
+        node's backward adds to it (``pending``)."""
+        full = full_name(node, name)
+        key = (self.pass_index, full)
+        if key not in self._dp:
+            shape = self._node_params[node.name][name].shape
+            g = names.grad(full)
+            if full not in self.pass_params:
+                self._dp[key] = self.buffer(names.scratch(node.name, f"dropped.{name}"),
+                                            Role.SCRATCH, prod(shape), shape)
+            elif g in self.written:
+                part = self.buffer(names.scratch(node.name, f"{name}.grad{self.pass_index}"),
+                                   Role.SCRATCH, prod(shape), shape)
+                self.pending.append((name, g, part))
+                self._dp[key] = part
+            else:
+                self.written.add(g)
+                self._dp[key] = g
+        return self._dp[key]
 
     def param_buffer(self, node, name):
         if name not in self._node_params.get(node.name, {}):
@@ -94,6 +132,9 @@ class Lowering:
         return full_name(node, name)
 
     def declare_params(self):
+        """Every parameter's buffer in the routing's arena order (each optimizer group's
+        together, then the untrained), with a gradient and the group's moments for a trained
+        one; the state's buffers in graph order."""
         for node in self.graph.nodes:
             op = get_op(node.op)
             self._node_params[node.name] = {}
@@ -101,16 +142,19 @@ class Lowering:
                 full = full_name(node, p.name)
                 self._node_params[node.name][p.name] = p
                 self.params[full] = p
-                self.buffer(full, Role.PARAM, prod(p.shape), p.shape)
-                if self.trains:
-                    self.buffer(names.grad(full), Role.GRAD, prod(p.shape), p.shape)
-                for i in range(1, (self.optimizer.moments if self.optimizer else 0) + 1):
-                    self.buffer(names.moment(full, i), Role.moment(i), prod(p.shape), p.shape)
             for s in op.state(node):
                 full = full_name(node, s.name)
                 self._node_params[node.name][s.name] = s
                 self.state[full] = s
                 self.buffer(full, Role.STATE, prod(s.shape), s.shape)
+        r = self.routing
+        for full in r.order:
+            p = self.params[full]
+            self.buffer(full, Role.PARAM, prod(p.shape), p.shape)
+            if full in r.trained:
+                self.buffer(names.grad(full), Role.GRAD, prod(p.shape), p.shape)
+                for i in range(1, r.moments(full) + 1):
+                    self.buffer(names.moment(full, i), Role.moment(i), prod(p.shape), p.shape)
 
     # -- launches -------------------------------------------------------------------------
     def emit(self, node_name, phase, kernels, suffix=""):
@@ -177,7 +221,9 @@ class Lowering:
         for name, node in self.graph.outputs.items():
             self.value_buffer(node)
 
-    def wants_grad(self):
+    def wants_grad(self, trained):
+        """{node: whether its gradient is wanted}: it has a parameter in ``trained`` (this
+        pass's), or passes a gradient on to an input that wants one."""
         wants = {}
         for node in self.graph.nodes:
             op = get_op(node.op)
@@ -186,43 +232,24 @@ class Lowering:
             elif viewed(node):
                 wants[node.name] = wants[node.inputs[0].name] and op.passes_gradient
             else:
-                wants[node.name] = bool(op.params(node)) or (
+                wants[node.name] = any(full_name(node, p.name) in trained
+                                       for p in op.params(node)) or (
                     op.passes_gradient and any(wants[i.name] for i in node.inputs))
         return wants
 
     def backward(self):
-        wants = self.wants_grad()
-        written = set()          # gradient storages (by root name) that hold a contribution
-        writers = grad_writers(self.graph, self.loss, wants, self.dead, self.objectives)
-        fuse_activation_derivatives(self.graph, writers, wants, self.dead)
-        self.grad_alias = alias_gradients(self.graph, self.batch, writers, wants, self.dead)
-
-        def contribute(ctx, i, inp):
-            if wants[inp.name]:
-                r = root(inp).name
-                if self.grad_alias.get(r) == ctx.node.name:   # its gradient is ctx.node's
-                    written.add(r)
-                    return
-                ctx.receive_gradient(i, self.grad_buffer(inp), r in written)
-                written.add(r)
-
-        objective.losses(self, contribute)
-        objective.check_feeds(self)
-
-        for node in reversed(self.graph.nodes):
-            op = get_op(node.op)
-            if node.op == "input" or viewed(node) or stored(node) or \
-                    root(node).name not in written:
-                continue
-            ctx = Context(self, node, True)
-            if not self.through(node, op, ctx, wants, contribute):
-                for i, inp in enumerate(ctx.inputs):
-                    if i not in op.index_inputs(node):     # integer ids get no gradient
-                        contribute(ctx, i, inp)
-            self.choose_outer(node, op, ctx)
-            start = len(self.launches)
-            self.emit(node.name, Phase.BACKWARD, op.backward(node, ctx))
-            self.check_outer(self.launches[start:])
+        """One backward pass per group of losses that train the same parameters (routing): a
+        plain plan has one. Each pass's value gradients have buffers of their own (names.grad's
+        ``pass_``); parameter gradients are shared, the first contribution overwriting."""
+        passes = self.routing.passes
+        for k, ps in enumerate(passes):       # every loss first: forward and loss launches
+            contribute = self.begin_pass(k, ps)   # come before any backward one
+            objective.losses(self, contribute, ps.losses)
+            if k == 0:
+                objective.check_feeds(self)
+        for k, ps in enumerate(passes):
+            wants = self.backward_pass(self.begin_pass(k, ps))
+        self.pass_index, self.pass_params = 0, frozenset(self.routing.trained)
         if self.optimizer is not None:
             objective.step_ok(self)
         for node in self.graph.nodes:
@@ -230,12 +257,62 @@ class Lowering:
                 self.emit(node.name, Phase.UPDATE_STATE,
                           get_op(node.op).update_state(node, Context(self, node, True)))
         self.input_grad_buffers = {name: self.grad_buffer(node) for name, node
-                                   in self.graph.inputs.items() if wants[name] and name in written}
-        if self.optimizer is not None and self.ranks == 1 and self.target.update_sums:
+                                   in self.graph.inputs.items()
+                                   if wants[name] and self.grad_name(node) in self.written}
+        if self.optimizer is not None and self.ranks == 1 and self.target.update_sums and \
+                self.routing.plain:
             # (data-parallel training all-reduces the stored gradients)
             self.summed = summed_updates.fold(self.launches, self.sums,
                                               {names.grad(p): p for p in self.params},
                                               self.buffers, UPDATE_SUM_ROWS)
+
+    def begin_pass(self, k, ps):
+        """Make backward pass ``k`` (routing.Pass ``ps``) the current one: its parameters, what
+        wants a gradient in it, and the gradient fusions' decisions for it (``node.meta``,
+        ``grad_alias``). Returns its ``contribute(ctx, i, value)``, which decides where input
+        i's gradient goes: the value's buffer of this pass, overwritten by the first
+        contribution and added to by the rest."""
+        self.pass_index, self.pass_params = k, ps.params
+        wants = self.wants_grad(ps.params)
+        written = self.written
+        writers = grad_writers(self.graph, self.loss, wants, self.dead, self.objectives,
+                               ps.losses)
+        fuse_activation_derivatives(self.graph, writers, wants, self.dead)
+        self.grad_alias = alias_gradients(self.graph, self.batch, writers, wants, self.dead)
+
+        def contribute(ctx, i, inp):
+            if wants[inp.name]:
+                if self.grad_alias.get(root(inp).name) == ctx.node.name:   # ctx.node's gradient
+                    written.add(self.grad_name(inp))
+                    return
+                buf = self.grad_buffer(inp)
+                ctx.receive_gradient(i, buf, buf in written)
+                written.add(buf)
+        contribute.wants = wants
+        return contribute
+
+    def backward_pass(self, contribute):
+        """The launches of the current backward pass (``begin_pass``) after its losses': every
+        node its gradient reaches, in reverse. Returns the pass's ``wants``."""
+        wants, written = contribute.wants, self.written
+        suffix = f"@p{self.pass_index}" if self.pass_index else ""
+        for node in reversed(self.graph.nodes):
+            op = get_op(node.op)
+            if node.op == "input" or viewed(node) or stored(node) or \
+                    self.grad_name(node) not in written:
+                continue
+            ctx = Context(self, node, True)
+            if not self.through(node, op, ctx, wants, contribute):
+                for i, inp in enumerate(ctx.inputs):
+                    if i not in op.index_inputs(node):     # integer ids get no gradient
+                        contribute(ctx, i, inp)
+            updates.choose_outer(self, node, op, ctx)
+            start = len(self.launches)
+            self.pending = []
+            self.emit(node.name, Phase.BACKWARD, op.backward(node, ctx), suffix)
+            updates.add_pending(self, node, suffix)
+            updates.check_outer(self, self.launches[start:])
+        return wants
 
     def through(self, node, op, ctx, wants, contribute):
         """Where ``node`` folded its input's formula (fold_formulas) and its backward can write
@@ -260,88 +337,6 @@ class Lowering:
         grads = [(syms[k], f"dg{k}", inner.dx(k), inner.acc(k)) for k in wanted if inner.dx(k)]
         ctx.through = (expr, ctx.folded_formula()[1], grads)
         return True
-
-    def check_outer(self, launches):
-        """Every one of a node's backward ``launches`` that writes a gradient the optimizer forms
-        itself (`outer`) must be tagged with ``ctx.gradient_phase``: run in train_step, it would
-        be wasted work, and the gradient buffer it fills would not be what ``gradients()`` reads
-        in order."""
-        for la in launches:
-            if la.phase != Phase.GRADIENT:
-                for w in la.writes:
-                    if w in self.outer:
-                        raise AssertionError(
-                            f"{la.name} writes {w}, a gradient train_step's optimizer forms "
-                            f"itself (OuterGradient), in phase {la.phase!r}: the op must pass "
-                            f"ctx.gradient_phase({w!r}) as the launch's phase")
-
-    def choose_outer(self, node, op, ctx):
-        """Which of the node's parameter gradients train_step's optimizer forms itself from the
-        rows of an outer-product sum (`OuterGradient`): those of at most OUTER_UPDATE_ROWS rows,
-        in a one-process plan (data-parallel training all-reduces the stored gradients)."""
-        if self.optimizer is None or self.ranks > 1:
-            return
-        for pname, og in op.outer_gradients(node, ctx).items():
-            if og.rows <= OUTER_UPDATE_ROWS:
-                full = f"{node.name}.{pname}"
-                self.outer[names.grad(full)] = (full, og)
-
-    def order_params(self):
-        """Parameters whose gradient the optimizer forms (`outer`) or sums (`summed`) go last in
-        the param, grad and moment arenas, so that the others stay one range for one update
-        launch."""
-        for full in [full for full, _ in self.outer.values()] + list(self.summed):
-            for name in [full, names.grad(full)] + [names.moment(full, i) for i in
-                                                    range(1, self.optimizer.moments + 1)]:
-                self.buffers[name] = self.buffers.pop(name)
-
-    def optimizer_step(self):
-        self.buffer(names.SCALARS, Role.SCALAR, len(abi.STEP_SCALARS))
-        opt = self.optimizer
-        # Across ranks the gradients arrive summed: the optimizer scales them by scal[3] = 1/ranks.
-        scaled = self.ranks > 1
-
-        def sched(name):
-            return self.target.schedule(Family.VECTOR_MAP, name, self.ctype)
-
-        def bufs(param, extent=None):
-            """The update's buffers from ``param`` on: that parameter alone, or with ``extent``
-            the range of every parameter placed from it on (and the same of the gradients and
-            moments), which is what the one launch over the arena touches."""
-            def use(buffer, access):
-                return spanning(buffer, extent, access) if extent else inout(buffer) \
-                    if access == "inout" else buffer
-            moments = {f"m{i}": use(names.moment(param, i), "inout")
-                       for i in range(1, opt.moments + 1)}
-            return {"param": use(param, "inout"), "grad": use(names.grad(param), "in"),
-                    **moments, "scal": names.SCALARS}
-
-        outer = {full: og for full, og in self.outer.values()}
-        stored = [p for p in self.params if p not in outer and p not in self.summed]
-        if self.debug_buffers:
-            # Each buffer is its own allocation here, so each parameter gets its own launch.
-            for full in stored:
-                self.emit(full, Phase.OPTIMIZER, [opt.kernel(self.buffers[full].size, bufs(full),
-                                                         sched(f"{full}.update"), scaled)])
-        elif stored:
-            # One launch spans the arena up to the first parameter whose gradient the optimizer
-            # forms (order_params put those last): the first parameter sits at offset 0 in each
-            # of the param, grad and moment arenas, and the padding between parameters stays 0.
-            end = min((self.buffers[p].offset for p in list(outer) + list(self.summed)),
-                      default=self.arenas[Role.PARAM])
-            self.emit("optimizer", Phase.OPTIMIZER, [opt.kernel(end, bufs(stored[0], end),
-                                                            sched("optimizer.update"), scaled)])
-        for full, og in outer.items():
-            fused = dict(bufs(full), dz=og.dz, x=og.x)
-            del fused["grad"]
-            self.emit(full, Phase.OPTIMIZER, [opt.kernel(self.buffers[full].size, fused,
-                                                     sched(f"{full}.update"),
-                                                     outer=(og.rows,) + self.buffers[full].shape)])
-        for full, (src, rows) in self.summed.items():
-            summing = dict(bufs(full), part=src)
-            del summing["grad"]
-            self.emit(full, Phase.OPTIMIZER, [opt.kernel(self.buffers[full].size, summing,
-                                                     sched(f"{full}.update"), summed=rows)])
 
     def liveness(self):
         """(first, last) forward step of each activation buffer, for inference-plan reuse."""
@@ -387,22 +382,28 @@ def _reads_step_ok(k):
 
 
 def lower(graph, batch, optimizer=None, loss=None, dtype="float32", *, input_grads=False,
-          debug_buffers=False, target=GPU, ranks=1, settings=None, seed=0, rank=0):
+          debug_buffers=False, target=GPU, ranks=1, settings=None, seed=0, rank=0, frozen=(),
+          after_step=()):
     """The plan of ``graph`` (its arguments in ``kn.compile``'s order, the options by name).
     The plan owns copies of the graph and the optimizer it was made from: passes record their decisions in the copy's nodes (``node.meta``), and later edits to
     the user's graph or optimizer object do not reach the plan (the copy refuses edits).
     ``settings``: the KILNET_* variables ``target`` was made under (kilnet/settings.py),
     recorded in the plan for the runtime. ``seed`` (the compile seed) and ``rank`` (this
     process's, of ``ranks``) reach the kernels that take them as by-value arguments
-    (runtime/abi.py: dropout's generator)."""
+    (runtime/abi.py: dropout's generator). ``optimizer`` may be a dict {block: optimizer};
+    ``frozen`` and ``after_step`` are ``kn.compile``'s (compiler/routing.py)."""
     graph = graph.copy(owner=f"the plan compiled from graph {graph.name!r}")
     optimizer = copy.deepcopy(optimizer)
-    if optimizer is not None:
-        optimizer.compiled_into(f"the plan of graph {graph.name!r}")
+    for opt in (optimizer.values() if isinstance(optimizer, dict) else [optimizer]):
+        if opt is not None:
+            opt.compiled_into(f"the plan of graph {graph.name!r}")
     if settings is not None:
         render.use_cache(settings.cache)
-    plan = _lower(graph, batch, dtype, loss or {}, optimizer, input_grads, debug_buffers, target,
-                  ranks, seed, rank)
+    loss = loss or {}
+    routed = routing.resolve(graph, optimizer, loss, frozen, after_step, input_grads,
+                             trains=bool(loss) or bool(graph.losses))
+    plan = _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target,
+                  ranks, seed, rank, routed)
     return dataclasses.replace(plan, settings=settings)
 
 
@@ -412,11 +413,12 @@ def relower(plan, target):
     tuning and exporting to another kernel form compile."""
     return lower(plan.graph, plan.batch, plan.optimizer, plan.loss, plan.dtype,
                  input_grads=plan.input_grads, target=target, ranks=plan.ranks,
-                 settings=plan.settings, seed=plan.seed, rank=plan.rank)
+                 settings=plan.settings, seed=plan.seed, rank=plan.rank,
+                 frozen=plan.routing.blocks, after_step=plan.routing.polyak)
 
 
 def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, target, ranks, seed,
-           rank):
+           rank, routing):
     ctype = CTYPE[dtype]
     dead = graph.dead()
     if dead:
@@ -426,7 +428,7 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                       f"leaves {'its' if len(dead) == 1 else 'their'} parameters and state as "
                       f"they are", DeadBranchWarning)
     lo = Lowering(graph, batch, ctype, loss, optimizer, input_grads, debug_buffers, target, ranks,
-                  seed, rank)
+                  seed, rank, routing)
     fold_sums(graph, {n.name for n in dead})
     fold_permutes(graph, {n.name for n in dead})
     fuse_epilogues(graph, batch, {n.name for n in dead})
@@ -439,12 +441,12 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
         lo.backward()
     live = None if lo.trains else lo.liveness()
     if lo.outer or lo.summed:
-        lo.order_params()
+        updates.order_params(lo)
     lo.arenas = memory.place(lo.buffers, live)
     if optimizer is not None:
         if not lo.params:
             raise CompileError(f"graph {graph.name!r} has no parameters for the optimizer to update")
-        lo.optimizer_step()
+        updates.optimizer_step(lo)
         lo.arenas = memory.place(lo.buffers, live)
     for launch in lo.launches:
         for a in launch.buffer_args:
@@ -485,10 +487,11 @@ def _lower(graph, batch, dtype, loss, optimizer, input_grads, debug_buffers, tar
                 feeds={n: lo.value_buffer(v) for n, v in graph.inputs.items()},
                 outputs={n: lo.value_buffer(v) for n, v in graph.outputs.items()},
                 targets=lo.targets, losses=lo.loss_parts,
-                grads={p: names.grad(p) for p in lo.params} if lo.trains else {},
+                grads={p: names.grad(p) for p in lo.params if p in routing.trained},
                 input_grad_buffers=lo.input_grad_buffers,
                 params={p: p for p in lo.params}, state={s: s for s in lo.state},
                 poisonable=poisonable, target=target, ranks=ranks,
                 host_steps=lo.collectives, plan_kernel=pk, plan_kernel_why=why,
-                resident=res, resident_why=res_why, objectives=len(lo.objectives))
+                resident=res, resident_why=res_why, objectives=len(lo.objectives),
+                routing=routing)
 

@@ -12,14 +12,16 @@ from ..kernels.losses import elementwise_loss, finite_check, parts
 from ..ops import get_op
 from ..policy import names
 from ..policy.kinds import Family, Phase, Role
-from ..runtime import abi
 from .context import Context
 
 
-def losses(lo, contribute):
-    """Every loss's launch: the named ones in output order, then the graph's in order.
-    ``contribute(ctx, i, value)`` decides where input i's gradient goes (Lowering.backward)."""
+def losses(lo, contribute, labels=None):
+    """The launch of every loss of ``labels`` (a backward pass's: routing.Pass.losses; None:
+    all): the named ones in output order, then the graph's in order. ``contribute(ctx, i,
+    value)`` decides where input i's gradient goes (Lowering.backward)."""
     for out_name, kind in lo.loss.items():
+        if labels is not None and ("output", out_name) not in labels:
+            continue
         node = lo.graph.outputs[out_name]
         target = lo.buffer(names.target(out_name), Role.TARGET, lo.batch * node.size,
                            (lo.batch,) + node.shape)
@@ -40,7 +42,8 @@ def losses(lo, contribute):
         lo.loss_parts.append(loss)
         lo.targets[out_name] = target
     for i, objective in enumerate(lo.objectives):
-        graph_loss(lo, i, objective, contribute)
+        if labels is None or ("graph", i) in labels:
+            graph_loss(lo, i, objective, contribute)
 
 
 def graph_loss(lo, i, objective, contribute):
@@ -79,7 +82,7 @@ def step_ok(lo):
     """The launch that sets names.STEP_OK from the loss parts, ahead of every launch that
     changes the model's state (GUARDED phases), which then read it. Data-parallel plans leave
     it to the host, which knows every rank's loss (model.train_step)."""
-    lo.buffer(names.SCALARS, Role.SCALAR, len(abi.STEP_SCALARS))   # first in its arena, as without a guard
+    lo.buffer(names.SCALARS, Role.SCALAR, lo.routing.scalars)   # first in its arena, as without a guard
     lo.buffer(names.STEP_OK, Role.SCALAR, 1)
     lo.guarded = True
     if lo.ranks > 1:

@@ -23,6 +23,7 @@ def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train, lanes):
     work-group (its copy of the loss parts; one work-item took W1's 3072 elements at batch
     1024 as long as the step_ok check did, 53 µs on an H200). The record reads names.STEP_OK
     as the argument kernels give it, GUARD_ARG."""
+    scalars = plan_buffers[names.SCALARS].size if train else len(abi.STEP_SCALARS)
     fed = [(b, plan_buffers[b].size // batch) for b in list(feeds.values()) + list(targets.values())]
     losses = [(b, plan_buffers[b].size) for b in loss_parts]
     if not fed:
@@ -33,7 +34,7 @@ def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train, lanes):
     def launch(name, template_args, consts, extra):
         names_ = [n for n, _, _ in template_args]
         access = [a for _, _, a in template_args]
-        body = render("resident", dict(consts, batch=batch, scalars=len(abi.STEP_SCALARS)), names_,
+        body = render("resident", dict(consts, batch=batch, scalars=scalars), names_,
                       access).replace(PLACEHOLDER, name)
         def buffer_arg(slot, n, use):
             b, a = use
@@ -55,10 +56,10 @@ def build(plan_buffers, feeds, targets, loss_parts, batch, ctype, train, lanes):
         RECORD, record_args, dict(kind="record", sizes=[n for _, n in losses], train=train,
                                   L=lanes),
         ["history", "counters"])
-    items = min(GATHER_ROW, -(-max(row for _, row in fed) // 32) * 32)
+    items = max(min(GATHER_ROW, -(-max(row for _, row in fed) // 32) * 32), scalars)
     return Resident(
         source=header(ctype) + g_body + r_body,
         gather=Launch("resident.gather", Phase.RESIDENT, GATHER, (items, batch), None, g_args),
         record=Launch("resident.record", Phase.RESIDENT, RECORD, (lanes,), (lanes,), r_args),
         fed=fed, losses=losses, train=train, extra={GATHER: g_extra, RECORD: r_extra},
-        halt=names.STEP_HALT if train else None), None
+        halt=names.STEP_HALT if train else None, scalars=scalars), None

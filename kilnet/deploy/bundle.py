@@ -136,6 +136,8 @@ def _region(plan, buf, shape=None):
 
 def _scalars(plan, model):
     opt = plan.optimizer
+    if isinstance(opt, dict):            # one entry (build refuses more)
+        (opt,) = opt.values()
     b = plan.buffers[names.SCALARS]
     values = {"adam": ["lr", "1 - b1**t", "1 - b2**t"], "sgd": ["lr", "0", "0"]}[opt.kind] + \
         ["0", "t % 65536", "t // 65536"]         # runtime/abi.STEP_SCALARS
@@ -151,6 +153,11 @@ def build(model, target=None, train=False):
     if train and model.optimizer is None:
         raise BundleError(f"export: train=True needs a model compiled with an optimizer and a "
                           f"loss; {model.graph.name!r} has none")
+    if train and isinstance(model.optimizer, dict) and len(model.optimizer) > 1:
+        raise BundleError(f"export: train=True of a model with an optimizer per block "
+                          f"({', '.join(model.optimizer)}) is not implemented yet: the runner "
+                          f"writes one optimizer's scalars; export it with train=False, or "
+                          f"compile it with one optimizer")
     plan = plan_for(model, target)
     calls = calls_of(plan, train)
     used = sorted(set().union(*calls.values()))
@@ -181,7 +188,7 @@ def build(model, target=None, train=False):
                 data[b.role][b.offset:b.offset + b.size] = model._exec.read(name)
         if train:
             for p in plan.params:
-                for i in range(1, plan.optimizer.moments + 1):
+                for i in range(1, plan.routing.moments(p) + 1):
                     b = plan.buffers[names.moment(p, i)]
                     data[b.role][b.offset:b.offset + b.size] = model._exec.read(b.name)
     files = {f"{r}.bin": data[r].tobytes() for r in stored}

@@ -54,7 +54,7 @@ class Optimizer:
         """The per-step values for update number ``step`` (1-based)."""
         raise NotImplementedError
 
-    def kernel(self, n, bufs, schedule, scaled=False, outer=None, summed=None):
+    def kernel(self, n, bufs, schedule, scaled=False, outer=None, summed=None, at=0):
         """On CPUs each work-item updates V neighbouring elements as one vector (PoCL runs the
         scalar form 2.6x slower: 12.7 vs 4.8 ms for Adam over 3.1 M floats on 2 EPYC cores).
         ``scaled``: the gradient is multiplied by scal[3] first (data-parallel training folds
@@ -66,10 +66,13 @@ class Optimizer:
         OuterGradient); the launch is then (k, n), one row per index of dimension 1.
 
         summed=rows: the gradient is Σ_{r<rows} part[r·n + i], summed here from buffer ``part``
-        in row order instead of read from ``grad`` (compiler/summed_updates.py)."""
+        in row order instead of read from ``grad`` (compiler/summed_updates.py).
+
+        at: where its lr and bias corrections sit in the scalar buffer (runtime/abi.py's
+        ``scalar_slots``: 0 for a plan's first optimizer)."""
         V = schedule.vector
         consts = dict(kind=self.kind, N=n, V=V, scaled=scaled, outer=outer is not None,
-                      summed=summed,
+                      summed=summed, at=at,
                       **{k: repr(v) for k, v in self.config().items()})
         if outer is None:
             return kernel("update", "optimizer", consts, bufs, *schedule.cover(-(-n // V)))

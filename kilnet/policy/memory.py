@@ -23,8 +23,11 @@ class Buffer:
         return f"Buffer({self.name!r}, role={self.role}, offset={self.offset}, size={self.size})"
 
 
-def _align(n):
+def aligned(n):
+    """``n`` rounded up to the next multiple of ALIGN: where the buffer after one ending at
+    ``n`` starts."""
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
 
 
 def place(buffers, live=None):
@@ -45,7 +48,7 @@ def place(buffers, live=None):
         end = 0
         for b in items:
             b.offset = end
-            end = _align(end + b.size)
+            end = aligned(end + b.size)
         arenas[role] = end
     for role in set(by_role) - set(ROLES):
         raise AssertionError(f"buffer role {role!r} is not planned")
@@ -58,7 +61,7 @@ def _place_reusing(items, live):
     end = 0
     for b in sorted(items, key=lambda b: live[b.name][0]):
         start, stop = live[b.name]
-        busy = sorted((p.offset, p.offset + _align(p.size)) for p in placed
+        busy = sorted((p.offset, p.offset + aligned(p.size)) for p in placed
                       if not (live[p.name][1] < start or live[p.name][0] > stop))
         offset = 0
         for lo, hi in busy:
@@ -67,5 +70,5 @@ def _place_reusing(items, live):
             offset = max(offset, hi)
         b.offset = offset
         placed.append(b)
-        end = max(end, _align(offset + b.size))
+        end = max(end, aligned(offset + b.size))
     return end

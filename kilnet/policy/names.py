@@ -16,8 +16,10 @@ STEP_OK = "step:ok"
 STEP_HALT = "step:halt"
 
 
-def grad(name):
-    return f"{name}:grad"
+def grad(name, pass_=0):
+    """The gradient of value or parameter ``name``; a value's in backward pass ``pass_`` > 0 (a
+    plan whose losses train different parameters: compiler/routing.py) has its own."""
+    return f"{name}:grad" if not pass_ else f"{name}:grad{pass_}"
 
 
 def moment(param, i):

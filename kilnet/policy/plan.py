@@ -68,8 +68,8 @@ class Resident:
     names (from slot ``abi.width(args)`` on):
     - gather: ``src<i>`` (fed buffer i's samples, all of them), ``order`` (uint: the samples of
       each step's batch, a row per step), ``counters`` (uint: [0] the step within the run, [1]
-      the steps so far whose loss was finite) and, for training, ``table`` (the optimizer's
-      scalars of each step number, a row of 4 per finite step);
+      the steps so far whose loss was finite) and, for training, ``table`` (the scalar
+      buffer's values of each step number, a row of ``scalars`` per finite step);
     - record: ``history`` (a row of ``width`` loss-part values per step) and ``counters``."""
     source: str                 # one program holding both kernels
     gather: object              # Launch
@@ -80,6 +80,7 @@ class Resident:
     extra: dict                 # kernel name -> the names of its slots after the arena args
     halt: str = None            # training: the buffer that stops a run (names.STEP_HALT), which
     #                             every run clears as it begins and ends
+    scalars: int = 0            # training: elements of the scalar buffer (a table row)
 
     @property
     def width(self):
@@ -133,6 +134,9 @@ class Plan:
     resident: object = None
     resident_why: str = "the plan has no loss"
     objectives: int = 0         # losses written in the graph (graph.losses) the plan computes
+    # which parameters each loss trains, each optimizer's group, the frozen and the averaged
+    # (compiler/routing.py's Routing)
+    routing: object = None
 
     def launches_in(self, *phases):
         """The launches whose phase (one of PHASES) is one of ``phases``, in plan order."""

@@ -43,12 +43,33 @@ T_LO, T_HI = STEP_SCALARS.index("t_lo"), STEP_SCALARS.index("t_hi")
 STEP_LIMIT = 2 ** 32          # t must stay below this (t_hi < 2^16)
 
 
-def step_scalars(optimizer, t, ranks=1):
-    """The values of STEP_SCALARS before step number ``t`` (float64; the caller rounds)."""
+# A plan with several optimizers (one per block: compiler/routing.py) gives each after the first
+# three slots more, after STEP_SCALARS: its lr and bias corrections.
+OPTIMIZER_SLOTS = 3
+
+
+def scalar_slots(k):
+    """Where optimizer ``k`` (0-based, of a plan's optimizers) reads its three scalars."""
+    return 0 if k == 0 else len(STEP_SCALARS) + OPTIMIZER_SLOTS * (k - 1)
+
+
+def scalar_count(optimizers):
+    """Elements of the scalar buffer of a plan with ``optimizers`` optimizers (at least 1)."""
+    return len(STEP_SCALARS) + OPTIMIZER_SLOTS * (max(optimizers, 1) - 1)
+
+
+def step_scalars(optimizers, t, ranks=1):
+    """The values of the scalar buffer before step number ``t`` (float64; the caller rounds):
+    STEP_SCALARS, then each further optimizer's three. ``optimizers``: one optimizer, None, or
+    a list of them (a plan's groups, in order)."""
     if not 0 <= t < STEP_LIMIT:
         raise OverflowError(f"step number {t}: the step counter holds steps below 2^32")
-    opt = optimizer.scalars(t) if optimizer is not None else [0.0, 0.0, 0.0]
-    return [float(v) for v in opt] + [1.0 / ranks, float(t % 65536), float(t // 65536)]
+    if not isinstance(optimizers, (list, tuple)):
+        optimizers = [optimizers]
+    opts = [o.scalars(t) if o is not None else [0.0, 0.0, 0.0] for o in optimizers] or \
+        [[0.0, 0.0, 0.0]]
+    return [float(v) for v in opts[0]] + [1.0 / ranks, float(t % 65536), float(t // 65536)] + \
+        [float(v) for o in opts[1:] for v in o]
 
 
 def node_key(name):

@@ -73,8 +73,13 @@ def fingerprint(plan, overlap):
         "batch": plan.batch,
         "dtype": plan.dtype,
         "loss": _digest(plan.loss),
-        "optimizer": None if plan.optimizer is None else
-        f"{plan.optimizer.kind} {_digest(plan.optimizer.config())}",
+        "optimizer": None if plan.optimizer is None else _digest(
+            {b: f"{o.kind} {o.config()}" for b, o in plan.optimizer.items()}
+            if isinstance(plan.optimizer, dict) else
+            f"{plan.optimizer.kind} {_digest(plan.optimizer.config())}"),
+        "routing": None if plan.routing is None or plan.routing.plain else _digest(
+            [list(plan.routing.blocks), [x.config() for x in plan.routing.polyak],
+             [sorted(p.losses) for p in plan.routing.passes]]),
         "input_grads": plan.input_grads,
         "layout": _digest([layout, {r: plan.arenas.get(r, 0) for r in ("param", "grad")}]),
         "host_steps": _digest([(h.name, h.kind, plan.buffers[h.src].size)

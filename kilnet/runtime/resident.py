@@ -34,7 +34,7 @@ class DeviceArrays:
         buffers["counters"] = cl.Buffer(ex.ctx, flags.READ_WRITE, 16)
         buffers["history"] = cl.Buffer(ex.ctx, flags.READ_WRITE, capacity * res.width * item)
         if res.train:
-            buffers["table"] = cl.Buffer(ex.ctx, flags.READ_ONLY, capacity * len(abi.STEP_SCALARS) * item)
+            buffers["table"] = cl.Buffer(ex.ctx, flags.READ_ONLY, capacity * res.scalars * item)
         self.buffers = buffers
         program = ex.resident_program()
         tag = next(_tags)
@@ -52,7 +52,7 @@ class DeviceArrays:
 
     def begin(self, order, table=None):
         """Start a run of ``len(order)`` steps: ``order`` (steps, batch) sample indices, ``table``
-        (steps, len(abi.STEP_SCALARS)) the scalars of the run's 1st, 2nd, ... finite step."""
+        (steps, the plan's scalar count) the scalars of the run's 1st, 2nd, ... finite step."""
         cl, ex = self.ex.cl, self.ex
         assert len(order) <= self.capacity
         order = np.ascontiguousarray(order, np.uint32)

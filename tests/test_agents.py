@@ -1,0 +1,396 @@
+"""Agents: several objectives in one step (docs/DESIGN.md section 2.1): losses that train only
+their blocks (``g.loss(params=)``), an optimizer per block (``optimizer={block: opt}``), frozen
+blocks, and target networks averaged on the device (``after_step=[kn.polyak(...)]``).
+
+The reference is the design's TD3 update written again in NumPy float64 (forward, routed
+backward, Adam per group, then the averages), and, where PyTorch is installed, in PyTorch
+float64 the way a PyTorch engineer writes it. Routing in general is checked against the
+compiler's plain path: a routed gradient equals that of a graph holding only the losses that
+reach the parameter."""
+import warnings
+
+import numpy as np
+import pytest
+
+import kilnet as kn
+from devices_here import CPU_IMPLEMENTATIONS
+
+S, A, H, B = 5, 2, 7, 6
+GAMMA, TAU = 0.99, 0.05
+LR = {"critic": 1e-2, "actor": 3e-3}
+
+
+def mlp(g, block, sizes):
+    """The design's MLP: parameters made once inside ``block``; ``apply`` uses them on a
+    column (n, 1) per sample: relu between layers, none after the last."""
+    with g.block("mlp", name=block):
+        layers = [(g.parameter(f"w{i}", (o, n)),
+                   g.parameter(f"b{i}", (o, 1), init="normal", scale=0.1))
+                  for i, (n, o) in enumerate(zip(sizes, sizes[1:]))]
+
+    def apply(v):
+        for i, (w, b) in enumerate(layers):
+            v = kn.expr("z + b", z=kn.matmul(w, v), b=b)
+            v = kn.expr("relu(v)", v=v) if i < len(layers) - 1 else v
+        return v
+    return apply
+
+
+def td3_graph():
+    g = kn.Graph("td3")
+    s, a = g.input("s", (S, 1)), g.input("a", (A, 1))
+    r, s2 = g.input("r", (1, 1)), g.input("s2", (S, 1))
+    critic, critic_t = mlp(g, "critic", [S + A, H, 1]), mlp(g, "critic_target", [S + A, H, 1])
+    actor, actor_t = mlp(g, "actor", [S, H, A]), mlp(g, "actor_target", [S, H, A])
+    y = kn.stop_gradient(kn.expr(f"r + {GAMMA} * q", r=r, q=critic_t(
+        kn.concat(s2, kn.expr("tanh(u)", u=actor_t(s2)), axis=0))))
+    g.loss(kn.expr("(q - y)**2", q=critic(kn.concat(s, a, axis=0)), y=y), params="critic")
+    g.loss(kn.expr("-q", q=critic(kn.concat(s, kn.expr("tanh(u)", u=actor(s)), axis=0))),
+           params="actor")
+    return g
+
+
+def td3_compile(dtype="float64", device=None, **kw):
+    return kn.compile(td3_graph(), batch=B, dtype=dtype, device=device,
+                      optimizer={"critic": kn.Adam(lr=LR["critic"]),
+                                 "actor": kn.Adam(lr=LR["actor"])},
+                      after_step=[kn.polyak("critic_target", "critic", tau=TAU),
+                                  kn.polyak("actor_target", "actor", tau=TAU)], **kw)
+
+
+def td3_feeds(rng, batch=B):
+    return dict(s=rng.standard_normal((batch, S, 1)), a=rng.uniform(-1, 1, (batch, A, 1)),
+                r=rng.standard_normal((batch, 1, 1)), s2=rng.standard_normal((batch, S, 1)))
+
+
+# -- the NumPy float64 reference -------------------------------------------------------------------
+
+def _forward(P, block, v):
+    """(output, cache) of the MLP ``block`` on rows v (batch, n)."""
+    acts, pre = [v], []
+    n = sum(1 for k in P if k.startswith(block + ".w"))
+    for i in range(n):
+        z = v @ P[f"{block}.w{i}"].T + P[f"{block}.b{i}"][:, 0]
+        pre.append(z)
+        v = np.maximum(z, 0) if i < n - 1 else z
+        acts.append(v)
+    return v, (acts, pre)
+
+
+def _backward(P, block, cache, d):
+    """({param: gradient}, gradient of the input) of the MLP ``block`` given d(output)."""
+    acts, pre = cache
+    grads, n = {}, len(pre)
+    for i in reversed(range(n)):
+        if i < n - 1:
+            d = d * (pre[i] > 0)
+        grads[f"{block}.w{i}"] = d.T @ acts[i]
+        grads[f"{block}.b{i}"] = d.sum(0)[:, None]
+        d = d @ P[f"{block}.w{i}"]
+    return grads, d
+
+
+def reference_step(P, F):
+    """(objective, {param: gradient}) of one TD3 step from parameters P: the critic's loss
+    trains the critic alone, the actor's the actor alone, through the critic."""
+    s, a, r, s2 = (F[k][..., 0] for k in ("s", "a", "r", "s2"))
+    batch = len(s)
+    a2 = np.tanh(_forward(P, "actor_target", s2)[0])
+    q_t = _forward(P, "critic_target", np.concatenate([s2, a2], 1))[0]
+    y = r + GAMMA * q_t
+    q1, c1 = _forward(P, "critic", np.concatenate([s, a], 1))
+    u, ca = _forward(P, "actor", s)
+    pi = np.tanh(u)
+    q2, c2 = _forward(P, "critic", np.concatenate([s, pi], 1))
+    L = ((q1 - y) ** 2).sum() / batch - q2.sum() / batch
+    grads, _ = _backward(P, "critic", c1, 2 * (q1 - y) / batch)
+    _, dx = _backward(P, "critic", c2, -np.ones_like(q2) / batch)
+    dpi = dx[:, S:]
+    ga, _ = _backward(P, "actor", ca, dpi * (1 - pi ** 2))
+    grads.update(ga)
+    return L, grads
+
+
+def reference_train(P, F, steps, b1=0.9, b2=0.999, eps=1e-8):
+    """[objective of each step], final parameters: ``steps`` TD3 updates of P (copied) on feeds
+    F, with torch.optim.Adam's arithmetic per block and then the averages."""
+    P = {k: v.copy() for k, v in P.items()}
+    M = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in P.items()}
+    losses = []
+    for t in range(1, steps + 1):
+        L, grads = reference_step(P, F)
+        losses.append(L)
+        for k, g in grads.items():
+            lr = LR[k.split(".")[0]]
+            m, v = M[k]
+            m[...] = b1 * m + (1 - b1) * g
+            v[...] = b2 * v + (1 - b2) * g * g
+            P[k] = P[k] - (lr / (1 - b1 ** t)) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps)
+        for target, source in (("critic_target", "critic"), ("actor_target", "actor")):
+            for k in [k for k in P if k.startswith(source + ".")]:
+                tk = target + k[len(source):]
+                P[tk] = P[tk] + TAU * (P[k] - P[tk])
+    return losses, P
+
+
+def params64(m):
+    return {k: np.array(v, np.float64) for k, v in m.params.items()}
+
+
+# -- the TD3 update ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=CPU_IMPLEMENTATIONS)
+def implementation(request):
+    return request.param
+
+
+def test_targets_start_as_copies_of_their_sources(implementation):
+    m = td3_compile(device=implementation)
+    P = params64(m)
+    for k in [k for k in P if k.startswith("critic.")]:
+        assert np.array_equal(P["critic_target" + k[len("critic"):]], P[k]), k
+    assert not np.array_equal(P["critic.w0"], P["actor.w0"][:1])
+
+
+def test_gradients_reach_only_each_loss_blocks(implementation):
+    m = td3_compile(device=implementation)
+    F = td3_feeds(np.random.default_rng(1))
+    G = m.gradients(F)
+    L, ref = reference_step(params64(m), F)
+    assert sorted(G) == sorted(ref)       # no gradient for a target block
+    for k, g in ref.items():
+        np.testing.assert_allclose(G[k], g, rtol=1e-10, atol=1e-12, err_msg=k)
+    assert G.loss == pytest.approx(L, rel=1e-12)
+
+
+def test_several_steps_equal_the_reference_parameter_by_parameter(implementation):
+    m = td3_compile(device=implementation)
+    F = td3_feeds(np.random.default_rng(2))
+    P0 = params64(m)
+    losses = [m.train_step(F) for _ in range(4)]
+    ref_losses, ref = reference_train(P0, F, 4)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-10)
+    P = params64(m)
+    for k in ref:
+        np.testing.assert_allclose(P[k], ref[k], rtol=1e-9, atol=1e-12, err_msg=k)
+    assert m.step == 4
+
+
+def test_float32_follows_the_reference():
+    m = td3_compile(dtype="float32")
+    F = td3_feeds(np.random.default_rng(3))
+    P0 = params64(m)
+    for _ in range(3):
+        m.train_step(F)
+    _, ref = reference_train(P0, F, 3)
+    P = params64(m)
+    for k in ref:
+        np.testing.assert_allclose(P[k], ref[k], rtol=2e-4, atol=2e-5, err_msg=k)
+
+
+def test_a_launch_per_parameter_gives_the_same_bits():
+    """debug_buffers: every buffer its own allocation, an update and an average per parameter;
+    the arithmetic is the same element for element."""
+    F = td3_feeds(np.random.default_rng(4))
+    out = []
+    for debug in (False, True):
+        m = td3_compile(debug_buffers=debug)
+        for _ in range(2):
+            m.train_step(F)
+        out.append(params64(m))
+    for k in out[0]:
+        assert np.array_equal(out[0][k], out[1][k]), k
+
+
+def test_each_optimizer_reads_its_own_learning_rate():
+    F = td3_feeds(np.random.default_rng(5))
+    m = td3_compile()
+    P0 = params64(m)
+    m.optimizer["actor"].lr = 0.0
+    m.train_step(F)
+    P = params64(m)
+    assert all(np.array_equal(P[k], P0[k]) for k in P if k.startswith("actor."))
+    assert not np.array_equal(P["critic.w0"], P0["critic.w0"])
+    # the target follows its unchanged source: it was a copy, so it stays one
+    assert all(np.array_equal(P["actor_target" + k[5:]], P[k]) for k in P if k.startswith("actor."))
+
+
+def test_the_plan_names_its_groups():
+    m = td3_compile()
+    text = m.summary()
+    assert "optimizer group critic: Adam(lr=0.01" in text
+    assert "optimizer group actor: Adam(lr=0.003" in text
+    assert "kn.polyak('critic_target', 'critic', tau=0.05)" in text
+    assert "backward pass 1" in text
+    names = [la.name for la in m.plan.launches if la.phase == "optimizer"]
+    assert names == ["critic.update", "actor.update", "polyak.critic_target.polyak",
+                     "polyak.actor_target.polyak"], names
+
+
+# -- torch float64, where installed ----------------------------------------------------------------
+
+def test_equals_pytorch_float64_written_as_a_pytorch_engineer_would():
+    torch = pytest.importorskip("torch")
+    m = td3_compile()
+    F = td3_feeds(np.random.default_rng(6))
+    P0 = params64(m)
+    T = {k: torch.tensor(v, dtype=torch.float64, requires_grad=not k.split(".")[0].endswith(
+        "_target")) for k, v in P0.items()}
+
+    def net(block, v):
+        n = sum(1 for k in T if k.startswith(block + ".w"))
+        for i in range(n):
+            v = v @ T[f"{block}.w{i}"].T + T[f"{block}.b{i}"][:, 0]
+            v = torch.relu(v) if i < n - 1 else v
+        return v
+    s, a, r, s2 = (torch.tensor(F[k][..., 0]) for k in ("s", "a", "r", "s2"))
+    groups = {b: [T[k] for k in T if k.startswith(b + ".")] for b in ("critic", "actor")}
+    opts = {b: torch.optim.Adam(groups[b], lr=LR[b]) for b in groups}
+    for _ in range(3):
+        with torch.no_grad():
+            y = r + GAMMA * net("critic_target", torch.cat([s2, torch.tanh(net("actor_target", s2))], 1))
+        critic_loss = ((net("critic", torch.cat([s, a], 1)) - y) ** 2).sum(1).mean()
+        actor_loss = (-net("critic", torch.cat([s, torch.tanh(net("actor", s))], 1))).sum(1).mean()
+        for o in opts.values():
+            o.zero_grad()
+        # one forward, each loss's gradient to its own blocks only
+        gc = torch.autograd.grad(critic_loss, groups["critic"], retain_graph=True)
+        ga = torch.autograd.grad(actor_loss, groups["actor"])
+        for p, gp in zip(groups["critic"] + groups["actor"], gc + ga):
+            p.grad = gp
+        for o in opts.values():
+            o.step()
+        with torch.no_grad():
+            for tb, sb in (("critic_target", "critic"), ("actor_target", "actor")):
+                torch._foreach_lerp_([T[tb + k[len(sb):]] for k in T if k.startswith(sb + ".")],
+                                     [T[k] for k in T if k.startswith(sb + ".")], TAU)
+        m.train_step(F)
+    P = params64(m)
+    for k in T:
+        np.testing.assert_allclose(P[k], T[k].detach().numpy(), rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+def test_sgd_and_adam_groups_each_follow_their_own_rule():
+    """{critic: SGD with momentum, actor: Adam}: the critic's parameters move as SGD's rule
+    says from the routed gradients, the actor's as Adam's."""
+    m = kn.compile(td3_graph(), batch=B, dtype="float64",
+                   optimizer={"critic": kn.SGD(lr=0.05, momentum=0.9), "actor": kn.Adam(lr=3e-3)},
+                   after_step=[kn.polyak("critic_target", "critic", tau=TAU)])
+    F = td3_feeds(np.random.default_rng(7))
+    P = params64(m)
+    vel = {k: np.zeros_like(v) for k, v in P.items()}
+    M = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in P.items()}
+    for t in range(1, 4):
+        _, grads = reference_step(P, F)
+        for k, g in grads.items():
+            if k.startswith("critic."):
+                vel[k] = 0.9 * vel[k] + g
+                P[k] = P[k] - 0.05 * vel[k]
+            else:
+                m1, v1 = M[k]
+                m1[...] = 0.9 * m1 + 0.1 * g
+                v1[...] = 0.999 * v1 + 0.001 * g * g
+                P[k] = P[k] - (3e-3 / (1 - 0.9 ** t)) * m1 / (
+                    np.sqrt(v1) / np.sqrt(1 - 0.999 ** t) + 1e-8)
+        for k in [k for k in P if k.startswith("critic.")]:
+            tk = "critic_target" + k[len("critic"):]
+            P[tk] = P[tk] + TAU * (P[k] - P[tk])
+        m.train_step(F)
+    got = params64(m)
+    for k in P:
+        np.testing.assert_allclose(got[k], P[k], rtol=1e-9, atol=1e-12, err_msg=k)
+    assert m.plan.buffers["critic.w0:m1"].role == "moment1"
+    assert "critic.w0:m2" not in m.plan.buffers and "actor.w0:m2" in m.plan.buffers
+
+
+# -- routing in general, against the compiler's plain path ---------------------------------------
+
+def shared_graph(primitive, params=(["enc", "critic"], ["enc", "actor"])):
+    """An encoder that both losses train, a critic that the actor's loss flows through but does
+    not train, an actor: made of catalogue dense layers, or of primitives."""
+    g = kn.Graph("shared")
+    s, a, y = g.input("s", (S,)), g.input("a", (A,)), g.input("y", (1,))
+
+    def layer(block, v, n, act):
+        if not primitive:
+            with g.block("layer", name=block):
+                return kn.dense(v, n, activation=act)
+        with g.block("layer", name=block):
+            w, b = g.parameter("w", (n, v.shape[0])), g.parameter("b", (n,), init="zeros")
+        z = kn.expr("z + b", z=kn.matmul(kn.reshape(v, (1, v.shape[0])), w, transpose_b=True),
+                    b=b)
+        return kn.reshape(kn.expr(f"{act}(z)", z=z) if act != "none" else z, (n,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = layer("enc", s, H, "tanh")
+        # one critic block, applied to two inputs: its parameters made once
+        if primitive:
+            with g.block("layer", name="critic"):
+                w, b = g.parameter("w", (1, H + A)), g.parameter("b", (1,), init="zeros")
+            critic = lambda v: kn.reshape(kn.expr("z + b", z=kn.matmul(   # noqa: E731
+                kn.reshape(v, (1, H + A)), w, transpose_b=True), b=b), (1,))
+            q1 = critic(kn.concat(e, a))
+            q2 = critic(kn.concat(e, layer("actor", e, A, "tanh")))
+        else:
+            q1 = layer("critic", kn.concat(e, a), 1, "none")
+            q2 = layer("critic2", kn.concat(e, layer("actor", e, A, "tanh")), 1, "none")
+    losses = [kn.expr("(q - y)**2", q=q1, y=y), kn.expr("-q", q=q2)]
+    for value, p in zip(losses, params):
+        if p != "skip":
+            g.loss(value, params=p)
+    return g
+
+
+@pytest.mark.parametrize("primitive", [False, True])
+def test_a_routed_gradient_is_the_gradient_of_the_losses_that_reach_it(primitive):
+    """enc (trained by both losses) gets the sum; the critic gets the critic's loss alone, not
+    what the actor's loss sends back through it; the actor gets the actor's loss alone."""
+    F = {"s": np.random.default_rng(8).standard_normal((B, S)),
+         "a": np.random.default_rng(9).uniform(-1, 1, (B, A)),
+         "y": np.random.default_rng(10).standard_normal((B, 1))}
+    critic_blocks = ["enc", "critic"] if primitive else ["enc", "critic", "critic2"]
+    routed = kn.compile(shared_graph(primitive, (critic_blocks, ["enc", "actor"])), batch=B,
+                        dtype="float64", optimizer=kn.SGD(lr=0.1))
+    P = params64(routed)
+
+    def plain(params):
+        m = kn.compile(shared_graph(primitive, params), batch=B, dtype="float64",
+                       optimizer=kn.SGD(lr=0.1))
+        m.params.update(P)
+        return m.gradients(F)
+    both, first, second = plain((None, None)), plain((None, "skip")), plain(("skip", None))
+    G = routed.gradients(F)
+    assert len(routed.plan.routing.passes) == 2
+    for k in G:
+        want = both[k] if k.startswith("enc.") else first[k] if k.startswith("critic") \
+            else second[k]
+        np.testing.assert_allclose(G[k], want, rtol=1e-12, atol=1e-14, err_msg=k)
+    if not primitive:        # the catalogue's enc: its second pass's weight gradient is added
+        assert any(la.name.startswith("enc.") and "accumulate" in la.name
+                   for la in routed.plan.launches)
+        # the critic2 dense: the actor's pass runs its backward for the input's gradient, and
+        # its own weight gradient goes to scratch nothing reads
+        assert {"critic2.dense_1:dropped.weight", "critic2.dense_1:dropped.bias"} <= \
+            set(routed.plan.buffers)
+        assert not routed.gradients(F)["critic2.dense_1.weight"].any()   # no loss of its own
+
+
+def test_frozen_blocks_get_no_gradient_and_never_move():
+    g = shared_graph(False, (None, None))
+    F = {"s": np.ones((B, S)), "a": np.zeros((B, A)), "y": np.ones((B, 1))}
+    m = kn.compile(g, batch=B, dtype="float64", optimizer=kn.Adam(0.01), frozen=["enc"])
+    P0 = params64(m)
+    G = m.gradients(F)
+    assert not any(k.startswith("enc.") for k in G) and any(k.startswith("actor.") for k in G)
+    assert not any(b.startswith("enc.") and b.endswith((":grad", ":m1")) for b in m.plan.buffers)
+    for _ in range(2):
+        m.train_step(F)
+    P = params64(m)
+    assert all(np.array_equal(P[k], P0[k]) for k in P if k.startswith("enc."))
+    assert not np.array_equal(P["actor.dense_1.weight"], P0["actor.dense_1.weight"])
+    plain = kn.compile(shared_graph(False, (None, None)), batch=B, dtype="float64",
+                       optimizer=kn.Adam(0.01))
+    plain.params.update(P0)
+    want = plain.gradients(F)
+    for k in G:
+        np.testing.assert_allclose(G[k], want[k], rtol=1e-12, err_msg=k)
