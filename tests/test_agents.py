@@ -45,8 +45,9 @@ def td3_graph():
     y = kn.stop_gradient(kn.expr(f"r + {GAMMA} * q", r=r, q=critic_t(
         kn.concat(s2, kn.expr("tanh(u)", u=actor_t(s2)), axis=0))))
     g.loss(kn.expr("(q - y)**2", q=critic(kn.concat(s, a, axis=0)), y=y), params="critic")
-    g.loss(kn.expr("-q", q=critic(kn.concat(s, kn.expr("tanh(u)", u=actor(s)), axis=0))),
-           params="actor")
+    pi = kn.expr("tanh(u)", u=actor(s))
+    g.loss(kn.expr("-q", q=critic(kn.concat(s, pi, axis=0))), params="actor")
+    g.output("action", pi)          # what the agent deploys
     return g
 
 
@@ -131,6 +132,11 @@ def reference_train(P, F, steps, b1=0.9, b2=0.999, eps=1e-8):
                 tk = target + k[len(source):]
                 P[tk] = P[tk] + TAU * (P[k] - P[tk])
     return losses, P
+
+
+def td3_forward(P, s):
+    """The actor's action for states s (batch, S, 1)."""
+    return np.tanh(_forward(P, "actor", s[..., 0])[0])[..., None]
 
 
 def params64(m):
@@ -394,3 +400,150 @@ def test_frozen_blocks_get_no_gradient_and_never_move():
     want = plain.gradients(F)
     for k in G:
         np.testing.assert_allclose(G[k], want[k], rtol=1e-12, err_msg=k)
+
+
+# -- every call takes it -------------------------------------------------------------------------
+
+def test_a_checkpoint_carries_every_group(tmp_path):
+    F = td3_feeds(np.random.default_rng(11))
+    whole = td3_compile()
+    for _ in range(4):
+        whole.train_step(F)
+    half = td3_compile()
+    for _ in range(2):
+        half.train_step(F)
+    half.optimizer["actor"].lr = LR["actor"]      # as compiled
+    half.save(tmp_path / "td3.kiln")
+    again = kn.load(tmp_path / "td3.kiln")
+    assert isinstance(again.optimizer, dict) and sorted(again.optimizer) == ["actor", "critic"]
+    assert again.plan.routing.polyak == whole.plan.routing.polyak
+    for _ in range(2):
+        again.train_step(F)
+    a, b = params64(whole), params64(again)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+    assert again.step == 4
+    forward = kn.load(tmp_path / "td3.kiln", inference=True, batch=1)
+    assert forward.optimizer is None and forward.step == 2
+    s = F["s"][:1]
+    np.testing.assert_allclose(forward.forward({"s": s})["action"],
+                               td3_forward(params64(half), s), rtol=1e-12)
+
+
+def test_train_steps_on_device_data_equal_train_step():
+    data = td3_feeds(np.random.default_rng(12), 4 * B)
+    one, two = td3_compile(), td3_compile()
+    up = two.upload(data)
+    got = two.train_steps(up, 4)
+    losses = [one.train_step({k: v[idx] for k, v in data.items()}) for idx in up.last_batches]
+    np.testing.assert_array_equal(got, losses)
+    a, b = params64(one), params64(two)
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+
+
+def test_checked_extents_and_poisoned_buffers_change_nothing():
+    F = td3_feeds(np.random.default_rng(13))
+    runs = []
+    for kw in ({}, {"check_extents": True}, {"poison": True}):
+        m = td3_compile(**kw)
+        for _ in range(2):
+            m.train_step(F)
+        runs.append(params64(m))
+    for other in runs[1:]:
+        for k in runs[0]:
+            assert np.array_equal(runs[0][k], other[k]), k
+
+
+def test_fit_trains_it():
+    data = td3_feeds(np.random.default_rng(14), 5 * B)
+    m = td3_compile()
+    h = kn.fit(m, m.upload(data), epochs=2, progress=False)
+    assert len(h.losses) == 10 and m.step == 10 and np.isfinite(h.losses).all()
+
+
+def test_a_forward_bundle_exports_and_a_training_one_says_what_is_missing(tmp_path):
+    m = td3_compile()
+    m.export(tmp_path / "fwd", train=False)
+    assert (tmp_path / "fwd" / "plan.json").exists()
+    with pytest.raises(kn.BundleError, match="optimizer per block"):
+        m.export(tmp_path / "train", train=True)
+
+
+# -- bad input -----------------------------------------------------------------------------------
+
+def _two_blocks():
+    g = kn.Graph("bad")
+    x = g.input("x", (3, 1))
+    with g.block("mlp", name="critic"):
+        w = g.parameter("w", (2, 3))
+    with g.block("mlp", name="critic_target"):
+        g.parameter("w", (2, 3))
+    with g.block("mlp", name="actor"):
+        v = g.parameter("v", (2, 3))
+    with g.block("mlp", name="odd"):
+        g.parameter("w", (3, 3))
+    g.loss(kn.expr("a * b", a=kn.matmul(w, x), b=kn.matmul(v, x)))
+    return g
+
+
+BAD = {
+    "a trained parameter no entry covers": (dict(optimizer={"critic": kn.Adam()}), "'actor.v'"),
+    "unknown block in optimizer": (dict(optimizer={"critc": kn.Adam(), "actor": kn.Adam()}),
+                                   "'critc'"),
+    "unknown block in frozen": (dict(optimizer=kn.Adam(), frozen=["nope"]), "'nope'"),
+    "unknown block in polyak": (dict(optimizer=kn.Adam(), after_step=[
+        kn.polyak("nope", "critic", 0.1)]), "'nope'"),
+    "polyak between different structures": (dict(optimizer=kn.Adam(), after_step=[
+        kn.polyak("odd", "critic", 0.1)]), "odd.w"),
+    "polyak into a block an optimizer updates": (dict(
+        optimizer={"critic": kn.Adam(), "actor": kn.Adam(), "critic_target": kn.Adam()},
+        after_step=[kn.polyak("critic_target", "critic", 0.1)]), "critic_target"),
+    "polyak without an optimizer": (dict(after_step=[kn.polyak("critic_target", "critic",
+                                                               0.1)]), "optimizer"),
+    "after_step not polyaks": (dict(optimizer=kn.Adam(), after_step=["critic"]), "after_step"),
+    "frozen a string": (dict(optimizer=kn.Adam(), frozen="critic"), "frozen"),
+    "optimizer dict value": (dict(optimizer={"critic": 0.1}), "optimizer\\['critic'\\]"),
+    "empty optimizer dict": (dict(optimizer={}), "empty"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_routing_is_a_compile_error_naming_it(case):
+    kw, match = BAD[case]
+    g = _two_blocks()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(kn.CompileError, match=match):
+            kn.compile(g, batch=2, **kw)
+
+
+def test_covered_twice_names_both_entries():
+    g = kn.Graph("nested")
+    x = g.input("x", (3, 1))
+    with g.block("agent", name="agent"):
+        with g.block("mlp", name="critic"):
+            w = g.parameter("w", (2, 3))
+    g.loss(kn.matmul(w, x))
+    with pytest.raises(kn.CompileError, match="'agent.critic.w'.*'agent' and 'agent.critic'"):
+        kn.compile(g, batch=2, optimizer={"agent": kn.Adam(), "agent.critic": kn.SGD()})
+
+
+def test_a_loss_that_trains_a_target_block_is_refused():
+    g = _two_blocks()
+    g.losses[0].params = ["critic_target"]
+    with pytest.raises(kn.CompileError, match="critic_target.*frozen"):
+        kn.compile(g, batch=2, optimizer=kn.Adam(),
+                   after_step=[kn.polyak("critic_target", "critic", 0.1)])
+
+
+@pytest.mark.parametrize("tau", [0, -0.1, 1.5, float("nan"), True, "0.1"])
+def test_tau_outside_zero_one_is_refused(tau):
+    with pytest.raises(kn.CompileError, match="tau"):
+        kn.polyak("critic_target", "critic", tau)
+
+
+def test_input_gradients_with_losses_of_different_blocks_are_refused():
+    with pytest.raises(kn.CompileError, match="input_grads"):
+        kn.compile(td3_graph(), batch=2, optimizer={"critic": kn.Adam(), "actor": kn.Adam()},
+                   input_grads=True)
