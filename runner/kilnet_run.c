@@ -417,10 +417,12 @@ static const char *open_opencl(char *why, size_t size) {
     return tried[i - 1];
 }
 
-#define FORMAT_VERSION 3
+#define FORMAT_VERSION 4
 /* The step scalars before each train step (kilnet/runtime/abi.py, STEP_SCALARS): lr, Adam's two
-   bias corrections, 1/ranks, and the step number t as t mod 2^16 and t div 2^16. */
+   bias corrections, 1/ranks, and the step number t as t mod 2^16 and t div 2^16; then each
+   further optimizer's three (an optimizer per block: plan.txt's "group" lines). */
 #define STEP_SCALARS 6
+#define MAX_GROUPS 64
 #define NAME 256
 
 /* -- SHA-256 (FIPS 180-4), for the sums plan.txt records and the program cache ------------- */
@@ -493,6 +495,8 @@ static uint64_t *id_bound;
 static Arena *arenas; static char (*kernels)[NAME]; static Launch *launches;
 static Region *io[3], *loss; static Call calls[4]; static Sum *sums;
 static size_t batch, scal_offset; static double lr, b1, b2; static uint64_t step0;
+/* the further optimizers: slot in the step scalars, kind ("adam" | "sgd"), lr, b1, b2 */
+static int ngroups; static struct { size_t slot; char kind[NAME]; double lr, b1, b2; } groups[MAX_GROUPS];
 
 static void die(const char *fmt, ...) {
     va_list ap; va_start(ap, fmt);
@@ -728,9 +732,19 @@ static void load_plan(void) {
     }
     scal_offset = num("scalars offset", 0xFFFFFFFFul); name(opt);
     lr = real("lr"); b1 = real("b1"); b2 = real("b2"); step0 = num("step", 0xFFFFFFFFul);
-    if (scal_arena >= 0) inside("step scalars", opt, scal_arena, scal_offset, STEP_SCALARS);
     if (scal_arena >= 0 && strcmp(opt, "adam") && strcmp(opt, "sgd"))
         die("bundle %s: plan.txt: unknown optimizer '%s'", bundle, opt);
+    expect("groups"); ngroups = (int)num("group count", MAX_GROUPS);
+    for (i = 0; i < ngroups; i++) {
+        expect("group");
+        groups[i].slot = num("group slot", STEP_SCALARS + 3 * (uint64_t)i);
+        if (groups[i].slot != STEP_SCALARS + 3 * (size_t)i) die("bundle %s: plan.txt: group %d at slot %" PRIu64 ", expected %d", bundle, i, (uint64_t)groups[i].slot, STEP_SCALARS + 3 * i);
+        name(groups[i].kind);
+        if (strcmp(groups[i].kind, "adam") && strcmp(groups[i].kind, "sgd"))
+            die("bundle %s: plan.txt: unknown optimizer '%s' in group %d", bundle, groups[i].kind, i);
+        groups[i].lr = real("group lr"); groups[i].b1 = real("group b1"); groups[i].b2 = real("group b2");
+    }
+    if (scal_arena >= 0) inside("step scalars", opt, scal_arena, scal_offset, STEP_SCALARS + 3 * (size_t)ngroups);
     for (ncalls = 0; strcmp(next(), "files"); ncalls++) {
         Call *c = &calls[ncalls];
         if (strcmp(tok, "call") || ncalls == 4) die("bundle %s: plan.txt is malformed: expected 'call' or 'files', found '%.60s'", bundle, tok);
@@ -1055,15 +1069,21 @@ int main(int argc, char **argv) {
         if (!kl_is_folder(pos[4])) die("OUTDIR %s is not a folder (make it first)", pos[4]);
         losses = xcalloc(k, 32);
         for (s = 0; s < k; s++) {
-            double v[STEP_SCALARS] = {lr, 0, 0, 0, 0, 0}, sum = 0; float f[STEP_SCALARS]; char buf[8 * STEP_SCALARS];
-            Region r; size_t e;
+            enum { MAX_SCALARS = STEP_SCALARS + 3 * MAX_GROUPS };
+            double v[MAX_SCALARS] = {lr, 0, 0, 0, 0, 0}, sum = 0; float f[MAX_SCALARS]; char buf[8 * MAX_SCALARS];
+            Region r; size_t e, nsc = STEP_SCALARS + 3 * (size_t)ngroups;
             uint64_t next = t + 1;   /* taken only if the loss is finite, as in Python */
             if (next >= 4294967296.0) die("step %" PRIu64 ": the step counter holds steps below 2^32", next);
             if (!strcmp(opt, "adam")) { v[1] = 1.0 - pow(b1, (double)next); v[2] = 1.0 - pow(b2, (double)next); }
             v[4] = (double)(next % 65536); v[5] = (double)(next / 65536);
-            for (i = 0; i < STEP_SCALARS; i++) f[i] = (float)v[i];
-            r.arena = scal_arena; r.offset = scal_offset; r.count = STEP_SCALARS; strcpy(r.name, "step scalars");
-            memcpy(buf, item == 4 ? (void *)f : (void *)v, STEP_SCALARS * item); transfer(&r, buf, 1);
+            for (i = 0; i < ngroups; i++) {
+                double *g = v + groups[i].slot;
+                g[0] = groups[i].lr; g[1] = g[2] = 0;
+                if (!strcmp(groups[i].kind, "adam")) { g[1] = 1.0 - pow(groups[i].b1, (double)next); g[2] = 1.0 - pow(groups[i].b2, (double)next); }
+            }
+            for (e = 0; e < nsc; e++) f[e] = (float)v[e];
+            r.arena = scal_arena; r.offset = scal_offset; r.count = nsc; strcpy(r.name, "step scalars");
+            memcpy(buf, item == 4 ? (void *)f : (void *)v, nsc * item); transfer(&r, buf, 1);
             upload(in + s * io_bytes(0), 0);
             if (tg) upload(tg + s * io_bytes(1), 1);
             run_call("train_step");

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import kilnet as kn
+import test_export as te
 from devices_here import CPU_IMPLEMENTATIONS
+from test_export import run_env, runner  # noqa: F401  (fixtures: the C runner on te.DEVICE)
 
 S, A, H, B = 5, 2, 7, 6
 GAMMA, TAU = 0.99, 0.05
@@ -462,12 +464,61 @@ def test_fit_trains_it():
     assert len(h.losses) == 10 and m.step == 10 and np.isfinite(h.losses).all()
 
 
-def test_a_forward_bundle_exports_and_a_training_one_says_what_is_missing(tmp_path):
+def test_the_c_runner_trains_it_bit_for_bit(runner, run_env, tmp_path, monkeypatch):
+    """A training bundle of the TD3 update (two optimizers: the step scalars' groups) run by
+    the C runner: its losses, parameters (targets included) and every group's moments are
+    Python's, bit for bit, on the same device."""
+    monkeypatch.setenv("KILNET_DEVICE", te.DEVICE)
+    monkeypatch.delenv("KILNET_TARGET", raising=False)
     m = td3_compile()
-    m.export(tmp_path / "fwd", train=False)
-    assert (tmp_path / "fwd" / "plan.json").exists()
-    with pytest.raises(kn.BundleError, match="optimizer per block"):
-        m.export(tmp_path / "train", train=True)
+    m.train_step(td3_feeds(np.random.default_rng(15)))           # one step in: t continues
+    bundle = m.export(tmp_path / "bundle", train=True)
+    doc = te.bundle_read.read(bundle)
+    assert [g["slot"] for g in doc["step_scalars"]["groups"]] == [6]
+    rng = np.random.default_rng(16)
+    batches = [td3_feeds(rng) for _ in range(3)]
+    with open(tmp_path / "in.bin", "wb") as f:
+        for F in batches:
+            for r in doc["inputs"]:
+                f.write(np.ascontiguousarray(F[r["name"]], np.float64).tobytes())
+    out = tmp_path / "trained"
+    out.mkdir()
+    r = te.run(runner, run_env, bundle, "train", tmp_path / "in.bin", "-", out)
+    assert r.returncode == 0, r.stderr
+    losses = [m.train_step(F) for F in batches]
+    # (the host adds the loss parts up in its own order: the last bit may differ)
+    np.testing.assert_allclose([float(v) for v in (out / "loss.txt").read_text().split()],
+                               losses, rtol=1e-14)
+    for name in doc["params"]:
+        assert np.array_equal(te.arena_values(doc, out, name), m.params[name]), name
+    for p in m.plan.routing.trained:
+        for i in (1, 2):
+            b = f"{p}:m{i}"
+            assert np.array_equal(te.arena_values(doc, out, b).reshape(-1),
+                                  m._exec.read(b).reshape(-1)), b
+
+
+def test_the_mql5_include_writes_every_groups_scalars(tmp_path):
+    """Against plan.json (there is no MetaEditor here): TrainStep writes the first optimizer's
+    slots and each further one's (its lr from group_lr[], Adam's bias corrections from its own
+    b1 and b2), all of the step scalars in one write."""
+    from kilnet.deploy import bundle_read, mql5
+    from test_mql5 import code
+    m = kn.compile(td3_graph(), batch=B, optimizer={"critic": kn.Adam(lr=1e-2, b1=0.8),
+                                                   "actor": kn.SGD(lr=0.5)})
+    bundle = m.export(tmp_path / "bundle", train=True)
+    doc = bundle_read.read(bundle)
+    s = doc["step_scalars"]
+    assert s["count"] == 9 and s["values"][6:] == ["lr[1]", "0", "0"]
+    assert s["groups"] == [{"slot": 6, "optimizer": "sgd", "config": {"lr": 0.5, "momentum": 0.0}}]
+    with open(mql5.write(bundle, str(tmp_path / "Include" / "td3.mqh")), newline="") as f:
+        text = f.read().replace("\r\n", "\n")
+    assert "sc[1]=(float)(1.0-MathPow(0.8,t));" in text
+    assert "sc[6]=(float)group_lr[0];\n      sc[7]=0;\n      sc[8]=0;" in text
+    assert "group_lr[0]=0.5;" in text and "double            group_lr[1];" in text
+    assert f",sc,{s['offset'] * 4},0,9)!=9)" in text
+    body = code(text)
+    assert body.count("{") == body.count("}") and body.count("(") == body.count(")")
 
 
 # -- bad input -----------------------------------------------------------------------------------

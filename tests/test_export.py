@@ -161,7 +161,7 @@ def check_against_python(model, bundle, runner, env, tmp_path, seed=0, steps=1):
         np.testing.assert_allclose(arena_values(doc, outdir, name), model.params[name],
                                    rtol=1e-5, atol=1e-6, err_msg=name)
     for p in doc["params"]:
-        for i in range(1, model.optimizer.moments + 1):
+        for i in range(1, model.plan.routing.moments(p) + 1):
             m = names.moment(p, i)
             np.testing.assert_allclose(arena_values(doc, outdir, m), model._exec.read(m).reshape(
                 model.plan.buffers[m].shape), rtol=1e-5, atol=1e-7, err_msg=m)
@@ -409,7 +409,7 @@ DAMAGES = {
                          "plan.json is damaged"),
     "missing plan.json": (lambda b: os.remove(os.path.join(b, "plan.json")), "plan.json is missing"),
     "missing plan.txt": (lambda b: os.remove(os.path.join(b, "plan.txt")), "plan.txt"),
-    "newer version": (_plan_line("kilnet-bundle", lambda ln: "kilnet-bundle 4"), "newer"),
+    "newer version": (_plan_line("kilnet-bundle", lambda ln: "kilnet-bundle 5"), "newer"),
     "older version": (_plan_line("kilnet-bundle", lambda ln: "kilnet-bundle 1"), "older"),
     "not a plan": (_edit("plan.txt", lambda d: b"hello\n" + d), "not a kilnet bundle plan"),
     "truncated plan": (_edit("plan.txt", lambda d: d[:len(d) // 2]), "does not end with its seal"),
@@ -688,8 +688,8 @@ def test_runner_refuses_bad_data_files_and_usage(tiny_bundle, runner, run_env, t
 
 
 @pytest.mark.parametrize("damage, message", [
-    (_edit("plan.json", lambda d: d.replace(b'"version": 3', b'"version": 4')), "format version 4"),
-    (_edit("plan.json", lambda d: d.replace(b'"version": 3', b'"version": 1')), "format version 1"),
+    (_edit("plan.json", lambda d: d.replace(b'"version": 4', b'"version": 5')), "format version 5"),
+    (_edit("plan.json", lambda d: d.replace(b'"version": 4', b'"version": 1')), "format version 1"),
     (_edit("plan.json", lambda d: d.replace(b'"extent": ', b'"extent": 9999999', 1)),
      "is outside arena"),
     (_edit("plan.json", lambda d: re.sub(rb'"global_size": \[\s*\d+', b'"global_size": [0', d, 1)),

@@ -42,7 +42,8 @@ from ..policy.target import Target, vector_bytes_of
 from ..runtime import abi
 
 FORMAT = "kilnet-bundle"
-VERSION = 3             # 3: the step scalars hold t as two halves (runtime/abi.STEP_SCALARS); by-value uint and real arguments
+VERSION = 4             # 3: the step scalars hold t as two halves (runtime/abi.STEP_SCALARS); by-value uint and real arguments
+#                         4: an optimizer per block: the scalars' groups (plan.txt "groups")
 TARGETS = ("cpu", "gpu")
 DTYPES = {"float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
 MAX_KERNEL_NAME = 127          # MQL5's CLKernelCreate refuses longer names
@@ -135,17 +136,28 @@ def _region(plan, buf, shape=None):
 
 
 def _scalars(plan, model):
-    opt = plan.optimizer
-    if isinstance(opt, dict):            # one entry (build refuses more)
-        (opt,) = opt.values()
+    """The step scalars' record: where they sit, the first optimizer's kind and settings, each
+    further optimizer's (``groups``: its slot, kind and settings; compiler/routing.py), and the
+    value of every slot as a formula in t."""
+    first, *more = model._optimizers()
     b = plan.buffers[names.SCALARS]
-    values = {"adam": ["lr", "1 - b1**t", "1 - b2**t"], "sgd": ["lr", "0", "0"]}[opt.kind] + \
-        ["0", "t % 65536", "t // 65536"]         # runtime/abi.STEP_SCALARS
-    return {"arena": b.role, "offset": b.offset, "count": b.size, "optimizer": opt.kind,
-            "config": opt.config(), "step": model.step, "values": values,
+
+    def formulas(opt, k=""):
+        return {"adam": [f"lr{k}", f"1 - b1{k}**t", f"1 - b2{k}**t"],
+                "sgd": [f"lr{k}", "0", "0"]}[opt.kind]
+    values = formulas(first) + ["0", "t % 65536", "t // 65536"]       # runtime/abi.STEP_SCALARS
+    groups = []
+    for k, opt in enumerate(more, 1):
+        values += formulas(opt, f"[{k}]")
+        groups.append({"slot": abi.scalar_slots(k), "optimizer": opt.kind,
+                       "config": opt.config()})
+    assert len(values) == b.size, (values, b.size)
+    return {"arena": b.role, "offset": b.offset, "count": b.size, "optimizer": first.kind,
+            "config": first.config(), "step": model.step, "values": values, "groups": groups,
             "rule": "before each train step write these values, computed in float64 and rounded "
                     "to the dtype, at (arena, offset); t is the number of the step being taken: "
-                    "step + 1 for the first step run from this bundle, then one more per step"}
+                    "step + 1 for the first step run from this bundle, then one more per step; "
+                    "lr[k], b1[k], b2[k] are those of groups[k - 1]"}
 
 
 def build(model, target=None, train=False):
@@ -153,11 +165,6 @@ def build(model, target=None, train=False):
     if train and model.optimizer is None:
         raise BundleError(f"export: train=True needs a model compiled with an optimizer and a "
                           f"loss; {model.graph.name!r} has none")
-    if train and isinstance(model.optimizer, dict) and len(model.optimizer) > 1:
-        raise BundleError(f"export: train=True of a model with an optimizer per block "
-                          f"({', '.join(model.optimizer)}) is not implemented yet: the runner "
-                          f"writes one optimizer's scalars; export it with train=False, or "
-                          f"compile it with one optimizer")
     plan = plan_for(model, target)
     calls = calls_of(plan, train)
     used = sorted(set().union(*calls.values()))
@@ -279,8 +286,12 @@ def plan_text(doc, plan_json):
         c = s["config"]
         out.append(f"scalars {arena[s['arena']]} {s['offset']} {s['optimizer']} {c['lr']!r} "
                    f"{c.get('b1', 0.0)!r} {c.get('b2', 0.0)!r} {s['step']}")
+        out.append(f"groups {len(s['groups'])}")
+        out += [f"group {g['slot']} {g['optimizer']} {g['config']['lr']!r} "
+                f"{g['config'].get('b1', 0.0)!r} {g['config'].get('b2', 0.0)!r}"
+                for g in s["groups"]]
     else:
-        out.append("scalars -1 0 none 0 0 0 0")
+        out += ["scalars -1 0 none 0 0 0 0", "groups 0"]
     for call, seq in doc["calls"].items():
         out.append(f"call {call} {len(seq)} {' '.join(map(str, seq))}".rstrip())
     files = dict(doc["files"], **{"plan.json": plan_json})
