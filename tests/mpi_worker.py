@@ -156,6 +156,20 @@ def equivalence(out):
     model._runner.replicas.close()
     report["primitives"] = rec
 
+    # Agents (DESIGN 2.1): the TD3 update, its losses routed to blocks, an optimizer per block
+    # and polyak averages, on each rank's shard.
+    import test_agents
+    feeds = [test_agents.td3_feeds(np.random.default_rng(40 + i), N * B) for i in range(STEPS)]
+    mine = [{k: v[rank * B:(rank + 1) * B] for k, v in f.items()} for f in feeds]
+    model = test_agents.td3_compile(batch=B, seed=rank, comm=comm)
+    rec = {"losses": [model.train_step(f) for f in mine], "digest": digest(params_of(model))}
+    if rank == 0:
+        ref = test_agents.td3_compile(batch=N * B, seed=0)
+        rec["ref_losses"] = [ref.train_step(f) for f in feeds]
+        rec["param_err"] = max_rel(params_of(model), params_of(ref))
+    model._runner.replicas.close()
+    report["agents"] = rec
+
     # A NaN on rank 1 only: every rank sees the non-finite loss and skips the update.
     model = kn.compile(graph(), batch=B, optimizer=kn.SGD(0.1), loss="mse", dtype="float64",
                        comm=comm)

@@ -190,16 +190,25 @@ def build(c, max_ops=5, second_input=True, primitives=True, graph_losses=True):
     if extra and c.boolean():
         g.output("z", c.pick(extra))
     if graph_losses and c.pick([False, False, True]):
-        _graph_losses(c, g, values, prim.unbatched)
+        _graph_losses(c, g, values, prim.unbatched, prim.blocks)
     return g, batch
 
 
-def _graph_losses(c, g, values, unbatched):
+def _routed(c, blocks):
+    """A loss's ``params``: mostly None (every trainable parameter), now and then some of the
+    parameters' own blocks (DESIGN 2.1: only those receive this loss's gradient)."""
+    if not blocks or c.boolean():
+        return None
+    return sorted({c.pick(blocks) for _ in range(c.integer(1, len(blocks)))})
+
+
+def _graph_losses(c, g, values, unbatched, blocks=()):
     """The graph's own losses: the output's error against a target input t, sometimes a
-    weighted loss on an intermediate value, and one on a value of parameters alone."""
+    weighted loss on an intermediate value, and one on a value of parameters alone; each now
+    and then routed to some of the parameters' blocks (``_routed``)."""
     y = values[-1]
     t = g.input("t", y.shape)
-    g.loss(kn.expr(c.pick(GRAPH_LOSSES), y=y, t=t))
+    g.loss(kn.expr(c.pick(GRAPH_LOSSES), y=y, t=t), params=_routed(c, blocks))
     inner = [v for v in values[1:-1]]
     if inner and c.boolean():
         v = c.pick(inner)
@@ -209,13 +218,13 @@ def _graph_losses(c, g, values, unbatched):
             v = kn.expr("v*v", v=v)
         elif form == "mean":
             v = kn.mean(v, axis=c.pick([None, -1]), keepdims=c.boolean())
-        g.loss(v, weight=w)
+        g.loss(v, weight=w, params=_routed(c, blocks))
     if c.boolean():
         params = [u for u in unbatched if _learns(u.node)]
         u = c.pick(params) if params and c.boolean() else \
             g.parameter("penalty", (c.pick(SIZES), c.pick(SIZES)))
         g.loss(kn.expr(c.pick(["u*u", "abs(u)", "log(1 + u*u)"]), u=u),
-               weight=c.pick([0.01, 0.1, 1.0]))
+               weight=c.pick([0.01, 0.1, 1.0]), params=_routed(c, blocks))
 
 
 def loss_for(graph):
@@ -255,6 +264,7 @@ class _Primitives:
         self.unbatched = []
         self._ids = {}
         self.count = 0
+        self.blocks = []          # the blocks of parameters made inside one of their own
 
     def ids(self, shape=None):
         """The ids input (1-D, shared with embeddings) or, with a 2-D ``shape``, ids2."""
@@ -271,9 +281,14 @@ class _Primitives:
         if constant:
             rng = np.random.default_rng(c.integer(0, 3))
             return self.g.constant(rng.standard_normal(shape), name=f"k{self.count}")
-        return self.g.parameter(f"p{self.count}", shape,
-                                init=c.pick(["normal", "normal", "uniform", "ones"]),
-                                trainable=c.pick([True, True, True, True, True, False]))
+        init = c.pick(["normal", "normal", "uniform", "ones"])
+        trainable = c.pick([True, True, True, True, True, False])
+        if trainable and c.pick([False, False, True]):     # in a block a loss may train alone
+            with self.g.block("own", name=f"blk{self.count}") as name:
+                p = self.g.parameter(f"p{self.count}", shape, init=init)
+            self.blocks.append(name)
+            return p
+        return self.g.parameter(f"p{self.count}", shape, init=init, trainable=trainable)
 
     def operand(self, shape):
         """A shape that broadcasts with ``shape`` (NumPy's rule): its size-1 axes sometimes

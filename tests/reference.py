@@ -452,13 +452,14 @@ def graph_loss(value, weight, batched):
     return float(weight * v.sum())
 
 
-def ref_loss(graph, P, feeds, T, at=None, frozen=None):
+def ref_loss(graph, P, feeds, T, at=None, frozen=None, only=None):
     """The training-mode objective: where the graph has losses of its own (g.loss), their sum
-    (``T`` unused: its targets are graph inputs); else the mse loss of every output, summed."""
+    (``T`` unused: its targets are graph inputs; ``only``: the indices of those counted); else
+    the mse loss of every output, summed."""
     vals = values(graph, P, feeds, True, at, frozen)
     if graph.losses:
         return sum(graph_loss(vals[x.node.name], x.weight, x.node.batched)
-                   for x in graph.losses)
+                   for i, x in enumerate(graph.losses) if only is None or i in only)
     return sum(mse(vals[n.name], T[k]) for k, n in graph.outputs.items())
 
 

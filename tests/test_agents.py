@@ -53,8 +53,8 @@ def td3_graph():
     return g
 
 
-def td3_compile(dtype="float64", device=None, **kw):
-    return kn.compile(td3_graph(), batch=B, dtype=dtype, device=device,
+def td3_compile(dtype="float64", device=None, batch=B, **kw):
+    return kn.compile(td3_graph(), batch=batch, dtype=dtype, device=device,
                       optimizer={"critic": kn.Adam(lr=LR["critic"]),
                                  "actor": kn.Adam(lr=LR["actor"])},
                       after_step=[kn.polyak("critic_target", "critic", tau=TAU),

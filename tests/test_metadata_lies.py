@@ -16,6 +16,8 @@ that covers it must fail (issue 29). Which check covers which transformation:
 | the permute fold (compiler/fusion.py: a permute read in place by the matmuls that alone read it, or stored into by the product it alone reads) | ``Op.strided`` of every reader, the count of the product's readers | the loss against the reference and gradients against central differences (below; test_fusions.py bit for bit) |
 | the gradient alias (compiler/fusion.py: z's gradient in z + b is the sum's buffer) | ``Op.identity_inputs``, the count of the gradient's writers (``grad_writers``) | gradients against central differences (below; test_fusions.py bit for bit) |
 | a folded formula's backward done by its reader (compiler/lower.py ``through``) | ``Op.backward_through_formula`` | gradients against central differences (below; test_fusions.py against the formula's own backward) |
+| one update launch per optimizer group, one average per target block (compiler/routing.py, compiler/updates.py) | routing's arena order: a group's parameters consecutive, a target's in its source's order | the layout check as the plan is made (``updates.span``), the TD3 update against its references (test_agents.py), launches confined to their ranges (oclgrind_agents.py) (below) |
+| routed backward passes (compiler/lower.py ``param_grad``: a catalogue op's parameter gradient to scratch outside its pass, added after it where a pass wrote it first) | that an op's backward stores each parameter gradient (``ctx.dp``) once, overwriting | routed gradients against the plain path's (test_agents.py) (below) |
 """
 import importlib
 
@@ -231,3 +233,41 @@ def test_a_reader_said_to_do_its_formulas_backward_fails_the_gradient_check(monk
     monkeypatch.setattr(reductions._AlongAxis, "backward", ignores_through)
     with pytest.raises(AssertionError):
         check_gradients(graph(), {"y": "mse"}, 2)
+
+
+def test_a_target_laid_out_unlike_its_source_fails_the_layout_check(monkeypatch):
+    import test_agents
+    from kilnet.compiler import routing
+    test_agents.td3_compile()                                       # the truth compiles
+    real = routing._arena_order
+
+    def reversed_targets(*a):
+        groups, tail, pairs = real(*a)
+        targets = [t for ps in pairs for t, _ in ps]
+        return groups, [p for p in tail if p not in targets] + targets[::-1], pairs
+    monkeypatch.setattr(routing, "_arena_order", reversed_targets)
+    with pytest.raises(AssertionError, match="does not follow"):
+        test_agents.td3_compile()
+
+
+def test_a_source_laid_out_unlike_its_pairs_fails_the_layout_check(monkeypatch):
+    import test_agents
+    from kilnet.compiler import routing
+    real = routing._arena_order
+
+    def interleaved(*a):
+        groups, tail, pairs = real(*a)
+        return [groups[0][::-1]] + groups[1:], tail, pairs   # a source out of its order
+    monkeypatch.setattr(routing, "_arena_order", interleaved)
+    with pytest.raises(AssertionError, match="does not follow"):
+        test_agents.td3_compile()
+
+
+def test_a_parameter_gradient_every_pass_overwrites_fails_the_routed_gradients(monkeypatch):
+    import test_agents
+    test_agents.test_a_routed_gradient_is_the_gradient_of_the_losses_that_reach_it(False)
+    from kilnet.policy import names
+    monkeypatch.setattr(lower_mod.Lowering, "param_grad",
+                        lambda self, node, name: names.grad(f"{node.name}.{name}"))
+    with pytest.raises(AssertionError):
+        test_agents.test_a_routed_gradient_is_the_gradient_of_the_losses_that_reach_it(False)

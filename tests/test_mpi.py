@@ -60,6 +60,11 @@ def test_two_ranks_train_as_one_process_with_twice_the_batch(tmp_path):
     assert a["losses"] == pytest.approx(a["ref_losses"], rel=1e-12, abs=1e-14)
     assert a["losses"] == b["losses"] and a["digest"] == b["digest"]
     assert a["param_err"] < 1e-12 and a["grad_err"] < 1e-12, (a["param_err"], a["grad_err"])
+    # The TD3 update: routed losses, an optimizer per block, polyak averages.
+    a, b = r0["agents"], r1["agents"]
+    assert a["losses"] == pytest.approx(a["ref_losses"], rel=1e-12, abs=1e-14)
+    assert a["losses"] == b["losses"] and a["digest"] == b["digest"]
+    assert a["param_err"] < 1e-12, a["param_err"]
     # kn.fit sharded the global batches and counts every rank's samples.
     assert r0["sgd"]["samples"] == r1["sgd"]["samples"] == 4 * RANKS * 4
     # A checkpoint saved by 2 ranks continues in one process of batch 2B, and loads on 2 ranks.
