@@ -494,9 +494,11 @@ static int narenas, nkernels, nlaunches, nio[3], nloss, ncalls, nsums, scal_aren
 static uint64_t *id_bound;
 static Arena *arenas; static char (*kernels)[NAME]; static Launch *launches;
 static Region *io[3], *loss; static Call calls[4]; static Sum *sums;
-static size_t batch, scal_offset; static double lr, b1, b2; static uint64_t step0;
-/* the further optimizers: slot in the step scalars, kind ("adam" | "sgd"), lr, b1, b2 */
-static int ngroups; static struct { size_t slot; char kind[NAME]; double lr, b1, b2; } groups[MAX_GROUPS];
+static size_t batch, scal_offset; static double lr, b1, b2; static uint64_t step0, every0;
+/* the further optimizers: slot in the step scalars, kind ("adam" | "sgd"), lr, b1, b2, and
+   every (an optimizer that updates on every N-th step counts its own updates, t / N) */
+static int ngroups;
+static struct { size_t slot; char kind[NAME]; double lr, b1, b2; uint64_t every; } groups[MAX_GROUPS];
 
 static void die(const char *fmt, ...) {
     va_list ap; va_start(ap, fmt);
@@ -731,7 +733,9 @@ static void load_plan(void) {
         if (*end || scal_arena < 0 || scal_arena >= narenas) die("bundle %s: plan.txt: bad scalars arena '%.60s'", bundle, tok);
     }
     scal_offset = num("scalars offset", 0xFFFFFFFFul); name(opt);
-    lr = real("lr"); b1 = real("b1"); b2 = real("b2"); step0 = num("step", 0xFFFFFFFFul);
+    lr = real("lr"); b1 = real("b1"); b2 = real("b2"); every0 = num("every", 65535);
+    step0 = num("step", 0xFFFFFFFFul);
+    if (!every0) die("bundle %s: plan.txt: the optimizer's every is 0", bundle);
     if (scal_arena >= 0 && strcmp(opt, "adam") && strcmp(opt, "sgd"))
         die("bundle %s: plan.txt: unknown optimizer '%s'", bundle, opt);
     expect("groups"); ngroups = (int)num("group count", MAX_GROUPS);
@@ -743,6 +747,8 @@ static void load_plan(void) {
         if (strcmp(groups[i].kind, "adam") && strcmp(groups[i].kind, "sgd"))
             die("bundle %s: plan.txt: unknown optimizer '%s' in group %d", bundle, groups[i].kind, i);
         groups[i].lr = real("group lr"); groups[i].b1 = real("group b1"); groups[i].b2 = real("group b2");
+        groups[i].every = num("group every", 65535);
+        if (!groups[i].every) die("bundle %s: plan.txt: group %d's every is 0", bundle, i);
     }
     if (scal_arena >= 0) inside("step scalars", opt, scal_arena, scal_offset, STEP_SCALARS + 3 * (size_t)ngroups);
     for (ncalls = 0; strcmp(next(), "files"); ncalls++) {
@@ -1074,12 +1080,15 @@ int main(int argc, char **argv) {
             Region r; size_t e, nsc = STEP_SCALARS + 3 * (size_t)ngroups;
             uint64_t next = t + 1;   /* taken only if the loss is finite, as in Python */
             if (next >= 4294967296.0) die("step %" PRIu64 ": the step counter holds steps below 2^32", next);
-            if (!strcmp(opt, "adam")) { v[1] = 1.0 - pow(b1, (double)next); v[2] = 1.0 - pow(b2, (double)next); }
+            if (!strcmp(opt, "adam")) { v[1] = 1.0 - pow(b1, (double)(next / every0)); v[2] = 1.0 - pow(b2, (double)(next / every0)); }
             v[4] = (double)(next % 65536); v[5] = (double)(next / 65536);
             for (i = 0; i < ngroups; i++) {
                 double *g = v + groups[i].slot;
                 g[0] = groups[i].lr; g[1] = g[2] = 0;
-                if (!strcmp(groups[i].kind, "adam")) { g[1] = 1.0 - pow(groups[i].b1, (double)next); g[2] = 1.0 - pow(groups[i].b2, (double)next); }
+                if (!strcmp(groups[i].kind, "adam")) {
+                    double k = (double)(next / groups[i].every);
+                    g[1] = 1.0 - pow(groups[i].b1, k); g[2] = 1.0 - pow(groups[i].b2, k);
+                }
             }
             for (e = 0; e < nsc; e++) f[e] = (float)v[e];
             r.arena = scal_arena; r.offset = scal_offset; r.count = nsc; strcpy(r.name, "step scalars");

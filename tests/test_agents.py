@@ -53,12 +53,14 @@ def td3_graph():
     return g
 
 
-def td3_compile(dtype="float64", device=None, batch=B, **kw):
+def td3_compile(dtype="float64", device=None, batch=B, delay=1, **kw):
+    """The design's TD3 update; ``delay``: the actor and the averages on every delay-th step."""
     return kn.compile(td3_graph(), batch=batch, dtype=dtype, device=device,
                       optimizer={"critic": kn.Adam(lr=LR["critic"]),
-                                 "actor": kn.Adam(lr=LR["actor"])},
-                      after_step=[kn.polyak("critic_target", "critic", tau=TAU),
-                                  kn.polyak("actor_target", "actor", tau=TAU)], **kw)
+                                 "actor": kn.Adam(lr=LR["actor"], every=delay)},
+                      after_step=[kn.polyak("critic_target", "critic", tau=TAU, every=delay),
+                                  kn.polyak("actor_target", "actor", tau=TAU, every=delay)],
+                      **kw)
 
 
 def td3_feeds(rng, batch=B):
@@ -114,21 +116,29 @@ def reference_step(P, F):
     return L, grads
 
 
-def reference_train(P, F, steps, b1=0.9, b2=0.999, eps=1e-8):
+def reference_train(P, F, steps, b1=0.9, b2=0.999, eps=1e-8, delay=1):
     """[objective of each step], final parameters: ``steps`` TD3 updates of P (copied) on feeds
-    F, with torch.optim.Adam's arithmetic per block and then the averages."""
+    F, with torch.optim.Adam's arithmetic per block and then the averages; with ``delay`` the
+    actor's update (its own count) and the averages on every delay-th step only."""
     P = {k: v.copy() for k, v in P.items()}
     M = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in P.items()}
     losses = []
     for t in range(1, steps + 1):
         L, grads = reference_step(P, F)
         losses.append(L)
+        on = t % delay == 0
         for k, g in grads.items():
-            lr = LR[k.split(".")[0]]
+            block = k.split(".")[0]
+            if block == "actor" and not on:
+                continue
+            n = t if block == "critic" else t // delay
+            lr = LR[block]
             m, v = M[k]
             m[...] = b1 * m + (1 - b1) * g
             v[...] = b2 * v + (1 - b2) * g * g
-            P[k] = P[k] - (lr / (1 - b1 ** t)) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps)
+            P[k] = P[k] - (lr / (1 - b1 ** n)) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** n) + eps)
+        if not on:
+            continue
         for target, source in (("critic_target", "critic"), ("actor_target", "actor")):
             for k in [k for k in P if k.startswith(source + ".")]:
                 tk = target + k[len(source):]
@@ -182,6 +192,22 @@ def test_several_steps_equal_the_reference_parameter_by_parameter(implementation
     for k in ref:
         np.testing.assert_allclose(P[k], ref[k], rtol=1e-9, atol=1e-12, err_msg=k)
     assert m.step == 4
+
+
+@pytest.mark.parametrize("delay", [2, 3])
+def test_a_delayed_actor_and_averages_equal_the_reference(delay):
+    """TD3's delayed policy update: kn.Adam(every=d) and kn.polyak(every=d) act on every d-th
+    step only, the actor's Adam counting its own updates; the critic every step."""
+    m = td3_compile(delay=delay)
+    F = td3_feeds(np.random.default_rng(17))
+    P0 = params64(m)
+    losses = [m.train_step(F) for _ in range(2 * delay + 1)]
+    ref_losses, ref = reference_train(P0, F, 2 * delay + 1, delay=delay)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-10)
+    P = params64(m)
+    for k in ref:
+        np.testing.assert_allclose(P[k], ref[k], rtol=1e-9, atol=1e-12, err_msg=k)
+    assert "every=%d" % delay in m.summary()
 
 
 def test_float32_follows_the_reference():
@@ -465,12 +491,12 @@ def test_fit_trains_it():
 
 
 def test_the_c_runner_trains_it_bit_for_bit(runner, run_env, tmp_path, monkeypatch):
-    """A training bundle of the TD3 update (two optimizers: the step scalars' groups) run by
-    the C runner: its losses, parameters (targets included) and every group's moments are
-    Python's, bit for bit, on the same device."""
+    """A training bundle of the TD3 update (two optimizers: the step scalars' groups; the actor
+    and the averages every 2nd step) run by the C runner: its losses, parameters (targets
+    included) and every group's moments are Python's, bit for bit, on the same device."""
     monkeypatch.setenv("KILNET_DEVICE", te.DEVICE)
     monkeypatch.delenv("KILNET_TARGET", raising=False)
-    m = td3_compile()
+    m = td3_compile(delay=2)          # the actor's Adam counts its own updates, t // 2
     m.train_step(td3_feeds(np.random.default_rng(15)))           # one step in: t continues
     bundle = m.export(tmp_path / "bundle", train=True)
     doc = te.bundle_read.read(bundle)
@@ -506,6 +532,12 @@ def test_the_mql5_include_writes_every_groups_scalars(tmp_path):
     from test_mql5 import code
     m = kn.compile(td3_graph(), batch=B, optimizer={"critic": kn.Adam(lr=1e-2, b1=0.8),
                                                    "actor": kn.SGD(lr=0.5)})
+    delayed = kn.compile(td3_graph(), batch=B, optimizer={"actor": kn.Adam(every=3),
+                                                         "critic": kn.Adam()})
+    text = open(mql5.write(delayed.export(tmp_path / "delayed", train=True),
+                           str(tmp_path / "Include" / "delayed.mqh"))).read()
+    assert "sc[1]=(float)(1.0-MathPow(0.9,MathFloor(t/3.0)));" in text
+    assert "sc[7]=(float)(1.0-MathPow(0.9,t));" in text
     bundle = m.export(tmp_path / "bundle", train=True)
     doc = bundle_read.read(bundle)
     s = doc["step_scalars"]

@@ -39,6 +39,7 @@ SMALL = {
     "patch_forecast": dict(batch=2, history=16, horizon=4, patch=4, stride=3, width=8, heads=2),
     "gte_encoder": dict(batch=2, units=6, width=4, blocks=1, heads=2, key_dim=4),
     "batchnorm_mlp": dict(batch=4, width=8),
+    "td3_trader": dict(batch=2, hidden=8, window=2),
 }
 
 

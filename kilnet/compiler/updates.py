@@ -143,7 +143,8 @@ def averages(lo):
             name = f"polyak.{t if lo.debug_buffers else x.target}"
             lo.emit(name, Phase.OPTIMIZER, [blend(
                 "lerp", n, t, s, _schedule(lo, f"{name}.polyak"),
-                across=not lo.debug_buffers, tau=x.tau)])
+                across=not lo.debug_buffers, tau=x.tau, every=x.every,
+                scalars=names.SCALARS)])
 
 
 def span(lo, params):

@@ -43,7 +43,8 @@ from ..runtime import abi
 
 FORMAT = "kilnet-bundle"
 VERSION = 4             # 3: the step scalars hold t as two halves (runtime/abi.STEP_SCALARS); by-value uint and real arguments
-#                         4: an optimizer per block: the scalars' groups (plan.txt "groups")
+#                         4: an optimizer per block: the scalars' groups (plan.txt "groups"), each
+#                            optimizer's every
 TARGETS = ("cpu", "gpu")
 DTYPES = {"float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
 MAX_KERNEL_NAME = 127          # MQL5's CLKernelCreate refuses longer names
@@ -143,7 +144,8 @@ def _scalars(plan, model):
     b = plan.buffers[names.SCALARS]
 
     def formulas(opt, k=""):
-        return {"adam": [f"lr{k}", f"1 - b1{k}**t", f"1 - b2{k}**t"],
+        n = "t" if opt.every == 1 else f"(t // {opt.every})"      # its own count of updates
+        return {"adam": [f"lr{k}", f"1 - b1{k}**{n}", f"1 - b2{k}**{n}"],
                 "sgd": [f"lr{k}", "0", "0"]}[opt.kind]
     values = formulas(first) + ["0", "t % 65536", "t // 65536"]       # runtime/abi.STEP_SCALARS
     groups = []
@@ -157,7 +159,8 @@ def _scalars(plan, model):
             "rule": "before each train step write these values, computed in float64 and rounded "
                     "to the dtype, at (arena, offset); t is the number of the step being taken: "
                     "step + 1 for the first step run from this bundle, then one more per step; "
-                    "lr[k], b1[k], b2[k] are those of groups[k - 1]"}
+                    "lr[k], b1[k], b2[k] are those of groups[k - 1]; an optimizer with every = N "
+                    "counts its own updates, t // N"}
 
 
 def build(model, target=None, train=False):
@@ -285,13 +288,14 @@ def plan_text(doc, plan_json):
     if s:
         c = s["config"]
         out.append(f"scalars {arena[s['arena']]} {s['offset']} {s['optimizer']} {c['lr']!r} "
-                   f"{c.get('b1', 0.0)!r} {c.get('b2', 0.0)!r} {s['step']}")
+                   f"{c.get('b1', 0.0)!r} {c.get('b2', 0.0)!r} {c.get('every', 1)} "
+                   f"{s['step']}")
         out.append(f"groups {len(s['groups'])}")
         out += [f"group {g['slot']} {g['optimizer']} {g['config']['lr']!r} "
-                f"{g['config'].get('b1', 0.0)!r} {g['config'].get('b2', 0.0)!r}"
-                for g in s["groups"]]
+                f"{g['config'].get('b1', 0.0)!r} {g['config'].get('b2', 0.0)!r} "
+                f"{g['config'].get('every', 1)}" for g in s["groups"]]
     else:
-        out += ["scalars -1 0 none 0 0 0 0", "groups 0"]
+        out += ["scalars -1 0 none 0 0 0 1 0", "groups 0"]
     for call, seq in doc["calls"].items():
         out.append(f"call {call} {len(seq)} {' '.join(map(str, seq))}".rstrip())
     files = dict(doc["files"], **{"plan.json": plan_json})

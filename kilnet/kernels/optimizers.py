@@ -9,6 +9,13 @@ from ..errors import GraphError
 from .base import kernel
 
 
+def every_of(owner, v):
+    """``every`` (an int >= 1, below 2^16) checked: a GraphError names ``owner`` otherwise."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v < 65536:
+        raise GraphError(f"{owner}: every must be an int in [1, 65535], got {v!r}")
+    return v
+
+
 def _number(owner, key, v, lo, hi, lo_open=False, hi_open=False):
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     ok = ok and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
@@ -37,18 +44,26 @@ class Optimizer:
                                  f"update kernel; compile again with {type(self).__name__}("
                                  f"{key}={value!r}) to change it (only "
                                  f"{', '.join(self.RUNTIME)} changes between steps)")
-            lo, hi, lo_open, hi_open = self.RANGES[key]
-            value = _number(type(self).__name__, key, value, lo, hi, lo_open, hi_open)
+            if key == "every":
+                value = every_of(type(self).__name__, value)
+            else:
+                lo, hi, lo_open, hi_open = self.RANGES[key]
+                value = _number(type(self).__name__, key, value, lo, hi, lo_open, hi_open)
         object.__setattr__(self, key, value)
+
+    def count(self, step):
+        """This optimizer's own count of updates by model step ``step`` (1-based): it updates
+        on the steps that are multiples of ``every``."""
+        return step // self.every
 
     def compiled_into(self, owner):
         """Mark this copy as the one ``owner`` (a plan) compiled into its kernels."""
         object.__setattr__(self, "_compiled", owner)
 
     def config(self):
-        """The settings as a dict ({"lr": …, "momentum": …} or Adam's lr, b1, b2, eps), as a
-        checkpoint stores them."""
-        return {k: getattr(self, k) for k in self.keys}
+        """The settings as a dict ({"lr": …, "momentum": …} or Adam's lr, b1, b2, eps; and
+        ``every`` where it is not 1), as a checkpoint stores them."""
+        return {k: getattr(self, k) for k in self.keys if k != "every" or self.every != 1}
 
     def scalars(self, step):
         """The per-step values for update number ``step`` (1-based)."""
@@ -69,11 +84,13 @@ class Optimizer:
         in row order instead of read from ``grad`` (compiler/summed_updates.py).
 
         at: where its lr and bias corrections sit in the scalar buffer (runtime/abi.py's
-        ``scalar_slots``: 0 for a plan's first optimizer)."""
+        ``scalar_slots``: 0 for a plan's first optimizer). With ``every`` > 1 the kernel returns
+        at once on the steps that are not its multiples (the step number t is in the scalars)."""
         V = schedule.vector
         consts = dict(kind=self.kind, N=n, V=V, scaled=scaled, outer=outer is not None,
                       summed=summed, at=at,
-                      **{k: repr(v) for k, v in self.config().items()})
+                      **{k: repr(v) for k, v in self.config().items() if k != "every"},
+                      every=self.every)
         if outer is None:
             return kernel("update", "optimizer", consts, bufs, *schedule.cover(-(-n // V)))
         rows, units, fan_in = outer
@@ -96,15 +113,17 @@ class SGD(Optimizer):
         lr (float): the learning rate, a finite number >= 0 (default 0.01); a compiled model's
             ``model.optimizer.lr`` may be changed between steps.
         momentum (float): in [0, 1) (default 0: plain SGD); fixed once compiled.
+        every (int): update on every ``every``-th training step only (default 1: every step;
+            TD3's delayed actor); fixed once compiled.
 
     Raises:
         GraphError: a setting out of its range, or a fixed one set on a compiled model's copy.
     """
-    kind, moments, keys = "sgd", 1, ("lr", "momentum")
+    kind, moments, keys = "sgd", 1, ("lr", "momentum", "every")
     RANGES = {"lr": (0, math.inf, False, False), "momentum": (0, 1, False, True)}
 
-    def __init__(self, lr=0.01, momentum=0.0):
-        self.lr, self.momentum = lr, momentum
+    def __init__(self, lr=0.01, momentum=0.0, every=1):
+        self.lr, self.momentum, self.every = lr, momentum, every
 
     def scalars(self, step):
         """The per-step values for update number ``step``: [lr, 0, 0]."""
@@ -126,21 +145,24 @@ class Adam(Optimizer):
         b1 (float): the first moment's decay, in [0, 1) (default 0.9).
         b2 (float): the second moment's decay, in [0, 1) (default 0.999).
         eps (float): a finite number > 0 added to √v̂ (default 1e-8).
+        every (int): update on every ``every``-th training step only (default 1: every step;
+            TD3's delayed actor), t above then counting its own updates; fixed once compiled.
 
     Raises:
         GraphError: a setting out of its range, or a fixed one set on a compiled model's copy.
     """
-    kind, moments, keys = "adam", 2, ("lr", "b1", "b2", "eps")
+    kind, moments, keys = "adam", 2, ("lr", "b1", "b2", "eps", "every")
     RANGES = {"lr": (0, math.inf, False, False), "b1": (0, 1, False, True),
               "b2": (0, 1, False, True), "eps": (0, math.inf, True, False)}
 
-    def __init__(self, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
-        self.lr, self.b1, self.b2, self.eps = lr, b1, b2, eps
+    def __init__(self, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, every=1):
+        self.lr, self.b1, self.b2, self.eps, self.every = lr, b1, b2, eps, every
 
     def scalars(self, step):
-        """The per-step values for update number ``step`` (1-based): [lr, 1 − b1^step,
-        1 − b2^step], the bias corrections."""
-        return [self.lr, 1.0 - self.b1 ** step, 1.0 - self.b2 ** step]
+        """The per-step values for model step ``step`` (1-based): [lr, 1 − b1^k, 1 − b2^k],
+        the bias corrections of its own count k = step // every."""
+        k = self.count(step)
+        return [self.lr, 1.0 - self.b1 ** k, 1.0 - self.b2 ** k]
 
 
 OPTIMIZERS = {"sgd": SGD, "adam": Adam}
