@@ -193,10 +193,13 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from kilnet.runtime.device import select
     device = select(a.device)
-    import torch
-    torch.set_num_threads(a.threads)
+    try:
+        import torch
+        torch.set_num_threads(a.threads)
+    except ImportError:
+        torch = None
     gpu = bool(device.type & 4)
-    dev = "cuda" if gpu and torch.cuda.is_available() else "cpu"
+    dev = "cuda" if gpu and torch is not None and torch.cuda.is_available() else "cpu"
     z = SMOKE if a.smoke else SIZES
     steps, warmup = (1, 0) if a.smoke else (a.steps, a.warmup)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -206,10 +209,19 @@ def main(argv=None):
     print(f"# machine: {shell('lscpu', 'Model name:') or cpu_name()}, {cores} cores for this "
           f"process; load average {load()} at the start")
     print(f"# device: {device.name.strip()} ({device.platform.name.strip()}); kilnet at commit "
-          f"{shell('git', '-C', ROOT, 'rev-parse', 'HEAD') or '-'}; PyTorch {torch_build(torch)}"
-          f" on {dev}" + (f", {torch.get_num_threads()} threads" if dev == "cpu" else ""))
+          f"{shell('git', '-C', ROOT, 'rev-parse', 'HEAD') or '-'}; " +
+          (f"PyTorch {torch_build(torch)} on {dev}" + (f", {torch.get_num_threads()} threads"
+                                                       if dev == "cpu" else "")
+           if torch is not None else "PyTorch is not installed (pip install '.[bench]'): "
+           "kilnet alone"))
     print(f"# sizes: {z}; {steps} timed calls per side after {warmup} warm-up, blocks taking "
           f"turns", flush=True)
+    if torch is None:
+        model = compile_(z, a.device)
+        F = batch(z, np.float32, np.random.default_rng(1))
+        (ms,) = alternate([lambda: model.train_step(F)], steps, warmup)
+        print(f"  kilnet ms {ms:.3f} per update ({len(model.steps['train_step'])} launches)")
+        return 0
     err = agree(torch, SMOKE if a.smoke else dict(z, batch=16), a.device)
     print(f"# float64 agreement after two updates (batch {4 if a.smoke else 16}): largest "
           f"relative parameter error {err:.1e} (demanded {AGREE:g})", flush=True)

@@ -249,9 +249,11 @@ def test_each_optimizer_reads_its_own_learning_rate():
     assert all(np.array_equal(P["actor_target" + k[5:]], P[k]) for k in P if k.startswith("actor."))
 
 
-def test_the_plan_names_its_groups():
+def test_the_plan_names_its_groups(tmp_path):
     m = td3_compile()
     text = m.summary()
+    page = open(m.report(str(tmp_path / "plan.html"))).read()       # the HTML report too
+    assert "optimizer group critic: Adam(lr=0.01" in page and "kn.polyak(" in page
     assert "optimizer group critic: Adam(lr=0.01" in text
     assert "optimizer group actor: Adam(lr=0.003" in text
     assert "kn.polyak('critic_target', 'critic', tau=0.05)" in text

@@ -315,6 +315,7 @@ RULES = [
     (r"python benchmarks/devices_agree\.py", benchmark("--steps 1 --models two_spirals", r"\bok\b")),
     (r"python benchmarks/train_step\.py", benchmark(f"{QUICK} --batches 1", r"train_step")),
     (r"python benchmarks/primitives\.py", benchmark("--smoke", r"prim_ms")),
+    (r"python benchmarks/td3_step\.py", benchmark("--smoke", r"kilnet ms")),
 ]
 
 
