@@ -182,7 +182,7 @@ def floor(z, model, peaks):
     return floor_ms(2.0 * B * (4 * actor + 10 * critic), 4.0 * (6 * trained + 3 * targets), peaks)
 
 
-def main(argv=None):
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="kilnet's OpenCL device (default kilnet's)")
@@ -191,71 +191,59 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=2, help="PyTorch's CPU threads (default 2)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one timed call")
     a = ap.parse_args(argv)
-    from kilnet.runtime.device import select
-    device = select(a.device)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
+    a.sizes = SMOKE if a.smoke else SIZES
+    if a.smoke:
+        a.steps, a.warmup = 1, 0
+    return a
+
+
+def import_torch(threads):
     try:
         import torch
-        torch.set_num_threads(a.threads)
     except ImportError:
-        torch = None
-    gpu = bool(device.type & 4)
-    dev = "cuda" if gpu and torch is not None and torch.cuda.is_available() else "cpu"
-    z = SMOKE if a.smoke else SIZES
-    steps, warmup = (1, 0) if a.smoke else (a.steps, a.warmup)
+        return None
+    torch.set_num_threads(threads)
+    return torch
+
+
+def header(a, device, torch, dev):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    side = "PyTorch is not installed (pip install '.[bench]'): kilnet alone" if torch is None \
+        else f"PyTorch {torch_build(torch)} on {dev}" + (
+            f", {torch.get_num_threads()} threads" if dev == "cpu" else "")
     print(f"# benchmarks/td3_step.py, {datetime.datetime.now():%Y-%m-%d %H:%M}")
-    print("# command: python benchmarks/td3_step.py " + " ".join(sys.argv[1:] if argv is None
-                                                                  else argv))
+    print("# command: python benchmarks/td3_step.py " + " ".join(a.argv))
     print(f"# machine: {shell('lscpu', 'Model name:') or cpu_name()}, {cores} cores for this "
           f"process; load average {load()} at the start")
     print(f"# device: {device.name.strip()} ({device.platform.name.strip()}); kilnet at commit "
-          f"{shell('git', '-C', ROOT, 'rev-parse', 'HEAD') or '-'}; " +
-          (f"PyTorch {torch_build(torch)} on {dev}" + (f", {torch.get_num_threads()} threads"
-                                                       if dev == "cpu" else "")
-           if torch is not None else "PyTorch is not installed (pip install '.[bench]'): "
-           "kilnet alone"))
-    print(f"# sizes: {z}; {steps} timed calls per side after {warmup} warm-up, blocks taking "
-          f"turns", flush=True)
-    if torch is None:
-        model = compile_(z, a.device)
-        F = batch(z, np.float32, np.random.default_rng(1))
-        (ms,) = alternate([lambda: model.train_step(F)], steps, warmup)
-        print(f"  kilnet ms {ms:.3f} per update ({len(model.steps['train_step'])} launches)")
-        return 0
-    err = agree(torch, SMOKE if a.smoke else dict(z, batch=16), a.device)
-    print(f"# float64 agreement after two updates (batch {4 if a.smoke else 16}): largest "
-          f"relative parameter error {err:.1e} (demanded {AGREE:g})", flush=True)
-    if not err <= AGREE:
-        print("REFUSED to time: kilnet and PyTorch disagree")
-        return 1
-    model = compile_(z, a.device)
-    F = batch(z, np.float32, np.random.default_rng(1))
+          f"{shell('git', '-C', ROOT, 'rev-parse', 'HEAD') or '-'}; {side}")
+    print(f"# sizes: {a.sizes}; {a.steps} timed calls per side after {a.warmup} warm-up, blocks "
+          f"taking turns", flush=True)
+
+
+def timed_rows(a, model, t, F, dev):
+    """[(regime, PyTorch's form, [kilnet ms, PyTorch ms], range)] timed side by side."""
     arrays = [F[k] for k in INPUTS]
-    if gpu:
-        peaks = {} if a.smoke else measure_peaks(torch, dev, a.device, 2048, 5)
-    else:
-        peaks = {} if a.smoke else cpu_floor_rates(device)
-    fl = floor(z, model, peaks) if peaks else None
-    t = TorchTD3(torch, dev, model.params.items(), torch.float32, capturable=dev == "cuda")
-    stage = HostStage(torch, dev, arrays)
-    rows = []
+    stage = HostStage(t.torch, dev, arrays)
     if dev == "cpu":
         ms = alternate([lambda: model.train_step(F), lambda: t.eager_step(stage, arrays)],
-                       steps, warmup)
-        rows.append(("host", "eager", ms, ratio_range(1, 0)))
-    else:
-        t.capture(arrays, from_host=True)
-        ms = alternate([lambda: model.train_step(F), lambda: t.eager_step(stage, arrays),
-                        lambda: t.graph_step(arrays)], steps, warmup)
-        rows += [("host", "eager", ms[:2], ratio_range(1, 0)),
-                 ("host", "cuda graph", [ms[0], ms[2]], ratio_range(2, 0))]
-        data = model.upload({k: np.concatenate([v] * 8) for k, v in F.items()})
-        n = 50 if not a.smoke else 1
-        t.capture(arrays, from_host=False)
-        ms = alternate([lambda: model.train_steps(data, n), lambda: [t.graph_step(arrays)
-                                                                      for _ in range(n)]],
-                       max(1, steps // n), 1)
-        rows.append(("resident", "cuda graph", [v / n for v in ms], ratio_range(1, 0)))
+                       a.steps, a.warmup)
+        return [("host", "eager", ms, ratio_range(1, 0))]
+    t.capture(arrays, from_host=True)
+    ms = alternate([lambda: model.train_step(F), lambda: t.eager_step(stage, arrays),
+                    lambda: t.graph_step(arrays)], a.steps, a.warmup)
+    rows = [("host", "eager", ms[:2], ratio_range(1, 0)),
+            ("host", "cuda graph", [ms[0], ms[2]], ratio_range(2, 0))]
+    data = model.upload({k: np.concatenate([v] * 8) for k, v in F.items()})
+    n = 1 if a.smoke else 50
+    t.capture(arrays, from_host=False)
+    ms = alternate([lambda: model.train_steps(data, n),
+                    lambda: [t.graph_step(arrays) for _ in range(n)]], max(1, a.steps // n), 1)
+    return rows + [("resident", "cuda graph", [v / n for v in ms], ratio_range(1, 0))]
+
+
+def report(rows, fl, model):
     print(f"# {'regime':<9}{'PyTorch':>11}{'kilnet ms':>11}{'torch ms':>10}{'floor ms':>10}"
           f"{'torch/kilnet':>14}{'range':>12}{'target':>9}{'met':>7}")
     for regime, who, (k_ms, t_ms), rng_ in rows:
@@ -266,6 +254,34 @@ def main(argv=None):
               f"{f'{lo:.2f}-{hi:.2f}':>12}{'>=1.00':>9}{'met' if ratio >= 1.0 else 'MISSED':>7}")
     print(f"# launches per kilnet update: {len(model.steps['train_step'])}; submit: "
           f"{model._exec.submit.why}; load average {load()} at the end")
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    from kilnet.runtime.device import select
+    device = select(a.device)
+    torch = import_torch(a.threads)
+    gpu = bool(device.type & 4)
+    dev = "cuda" if gpu and torch is not None and torch.cuda.is_available() else "cpu"
+    header(a, device, torch, dev)
+    model = compile_(a.sizes, a.device)
+    F = batch(a.sizes, np.float32, np.random.default_rng(1))
+    if torch is None:
+        (ms,) = alternate([lambda: model.train_step(F)], a.steps, a.warmup)
+        print(f"  kilnet ms {ms:.3f} per update ({len(model.steps['train_step'])} launches)")
+        return 0
+    small = dict(a.sizes, batch=4 if a.smoke else 16)
+    err = agree(torch, small, a.device)
+    print(f"# float64 agreement after two updates (batch {small['batch']}): largest relative "
+          f"parameter error {err:.1e} (demanded {AGREE:g})", flush=True)
+    if not err <= AGREE:
+        print("REFUSED to time: kilnet and PyTorch disagree")
+        return 1
+    peaks = {} if a.smoke else measure_peaks(torch, dev, a.device, 2048, 5) if gpu else \
+        cpu_floor_rates(device)
+    t = TorchTD3(torch, dev, model.params.items(), torch.float32, capturable=dev == "cuda")
+    report(timed_rows(a, model, t, F, dev), floor(a.sizes, model, peaks) if peaks else None,
+           model)
     return 0
 
 
