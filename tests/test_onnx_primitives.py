@@ -25,7 +25,7 @@ DTYPES = ("float32", "float64")
 OPERATORS = {
     "Abs", "Add", "And", "Cast", "Concat", "Cos", "Einsum", "Equal", "Erf", "Exp", "Expand", "Gather",
     "GatherND", "Greater", "GreaterOrEqual", "Identity", "Less", "LessOrEqual", "Log",
-    "LogSoftmax", "MatMul", "Mul", "Not", "Pow", "Reciprocal", "ReduceLogSumExp", "ReduceMax",
+    "LogSoftmax", "MatMul", "Mul", "Not", "Or", "Pow", "Reciprocal", "ReduceLogSumExp", "ReduceMax",
     "ReduceMean", "ReduceMin", "ReduceSum", "Reshape", "Shape", "Sigmoid", "Sin", "Slice",
     "Softmax", "Sqrt", "Tanh", "Transpose", "Unsqueeze", "Where",
 }
@@ -53,6 +53,13 @@ def _expr_math(g):
 def _expr_trig(g):
     x = g.input("x", (4, 3))
     return {"y": kn.expr("sin(x) * cos(2 * x)", x=x)}
+
+
+def _expr_nested_extremes(g):
+    """A relu of a max: its derivative's Piecewise compares a Piecewise, which SymPy writes as
+    an if-then-else of conditions (ITE), and simplifying it leaves a Not (found by the fuzzer)."""
+    x = g.input("x", (3,))
+    return {"y": kn.expr("relu(max(a, exp(-(b)**2)))", a=x, b=kn.expr("x * 0.5 - 0.2", x=x))}
 
 
 def _expr_erf(g):
@@ -134,6 +141,7 @@ CASES = {
     "expr_math": _expr_math,
     "expr_trig": _expr_trig,
     "expr_erf": _expr_erf,
+    "expr_nested_extremes": _expr_nested_extremes,
     "expr_state_and_constant": _expr_state_and_constant,
     "matmul_folded": _matmul_folded,
     "matmul_batched": _matmul_batched,

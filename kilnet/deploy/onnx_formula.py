@@ -26,6 +26,8 @@ def emit(e, expr, tensors):
     sp = formula._sp().sp
     Sigmoid = formula._sp().Sigmoid
     memo = {}
+    # if-then-else of conditions (a comparison of a Piecewise makes them) as and/or/not
+    expr = formula.plain_conditions(expr)
 
     def go(x):
         if x in memo:
@@ -81,6 +83,11 @@ def emit(e, expr, tensors):
             return chain_bool("And", c.args)
         if isinstance(c, sp.Or):
             return chain_bool("Or", c.args)
+        if isinstance(c, sp.Not):
+            return e.op("Not", [condition(c.args[0])])
+        if c in (sp.true, sp.false):           # what simplifying a condition may leave
+            one = e.scalar(1.0, "one")
+            return e.op("Equal" if c == sp.true else "Less", [one, one])
         if c.rel_op == "!=":
             return e.op("Not", [e.op("Equal", [go(c.lhs), go(c.rhs)])])
         return e.op(_COMPARE[c.rel_op], [go(c.lhs), go(c.rhs)])
