@@ -89,7 +89,7 @@ def pytest_runtest_makereport(item, call):
 # tests came in (the fuzz entries then moved here), 495 s after that. On the 2-core EPYC of issue
 # 48 (fresh clone, venv and HOME): 534 s, and the three issue-48 entries then moved here. Issue
 # 67's primitives (2026-12-06, 2-core Xeon, fresh clone and HOME, the venv made): 368 s, with
-# their PoCL subset and the benchmark's smoke run moved here.
+# their PoCL subset and the benchmark's smoke run moved here; with issue 70's agents: 390 s.
 SLOW = {
     "tests/test_report.py::test_the_page_holds_the_whole_plan[[]forecast[]]":
         "the HTML report of the forecaster's plan, compiled cold: 9 s (two_spirals', qnet's and "
